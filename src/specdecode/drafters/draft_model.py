@@ -1,0 +1,100 @@
+"""Draft-model drafter: a smaller CausalLM of the same vocabulary proposes k tokens.
+
+Drafts are sampled from q = logits_to_probs(draft logits) with the request's
+own temperature / top-k / top-p / min-p (argmax when greedy), and q is
+returned so the verifier can run exact rejection sampling. The draft model's
+KV cache is kept equal to the accepted prefix: before each proposal the
+drafter rolls back to the longest common prefix of what it has cached and the
+context, then feeds the rest (usually 1-2 tokens).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdecode.drafters.base import Draft
+from specdecode.models.base import CausalLM
+from specdecode.sampling import SamplingParams, logits_to_probs, sample
+
+
+class VocabularyMismatch(ValueError):
+    """The draft model and the target do not share a vocabulary."""
+
+
+class DraftModelDrafter:
+    name = "draft-model"
+
+    def __init__(
+        self, draft: CausalLM, target: CausalLM, *, shared_vocab_size: int | None = None
+    ) -> None:
+        """`shared_vocab_size`: the real vocabulary both models use, when their
+        embedding tables differ only by padding (checked by the caller against
+        the tokenizers). Without it the table sizes must be equal."""
+        if shared_vocab_size is None:
+            if draft.vocab_size != target.vocab_size:
+                raise VocabularyMismatch(
+                    f"draft model vocabulary ({draft.vocab_size} tokens) differs from the "
+                    f"target's ({target.vocab_size} tokens)")
+            shared_vocab_size = target.vocab_size
+        elif shared_vocab_size > min(draft.vocab_size, target.vocab_size):
+            raise VocabularyMismatch(
+                f"shared vocabulary of {shared_vocab_size} tokens does not fit the draft "
+                f"({draft.vocab_size}) and target ({target.vocab_size}) tables")
+        self.model = draft
+        self.target_vocab_size = target.vocab_size
+        self.shared_vocab_size = shared_vocab_size
+        self._cached: list[int] = []  # token ids whose KV is in the draft cache
+        self._params = SamplingParams()
+        self._generator: torch.Generator | None = None
+
+    def begin(
+        self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator
+    ) -> None:
+        self._params, self._generator = params, generator
+        # Keep the cache: a shared prefix with the previous request is reused.
+
+    def _sync(self, context: list[int]) -> list[int]:
+        """Roll the draft cache back to its common prefix with context; return the rest."""
+        limit = min(len(self._cached), self.model.cached_len, len(context) - 1)
+        common = limit
+        if self._cached[:limit] != context[:limit]:
+            common = next(i for i in range(limit) if self._cached[i] != context[i])
+        self.model.rollback(common)
+        del self._cached[common:]
+        return context[common:]
+
+    def propose(self, context: list[int], k: int) -> Draft:
+        room = self.model.max_seq_len - len(context) + 1
+        k = min(k, room)
+        if k <= 0:
+            return Draft.empty()
+        feed = self._sync(context)
+        logits = self.model.forward(
+            torch.tensor(feed, dtype=torch.long), last_n=1).logits  # [1, vocab]
+        self._cached.extend(feed)
+        tokens: list[int] = []
+        q_rows: list[torch.Tensor] = []
+        for i in range(k):
+            if self._params.greedy:
+                token = int(logits[0, : self.shared_vocab_size].argmax())
+            else:
+                q_i = self._probs(logits[0])  # [target_vocab]
+                token = sample(q_i, self._generator)
+                q_rows.append(q_i)
+            tokens.append(token)
+            if i < k - 1:
+                logits = self.model.forward(
+                    torch.tensor([token], dtype=torch.long), last_n=1).logits
+                self._cached.append(token)
+        q = None if self._params.greedy else torch.stack(q_rows)  # [k, target_vocab]
+        return Draft(torch.tensor(tokens, dtype=torch.long), q)
+
+    def _probs(self, logits: torch.Tensor) -> torch.Tensor:  # [draft_vocab] -> [target_vocab]
+        q = logits_to_probs(logits[: self.shared_vocab_size], self._params)
+        if self.shared_vocab_size < self.target_vocab_size:
+            q = torch.nn.functional.pad(q, (0, self.target_vocab_size - self.shared_vocab_size))
+        return q
+
+    def observe(self, num_accepted: int) -> None:
+        # The next `propose` resynchronises from the context; nothing to do here.
+        pass

@@ -1,0 +1,197 @@
+"""The speculative decoding loop: draft, verify in one target pass, emit, repeat.
+
+Plain decoding is the same loop with no drafter (or k = 0): every step then
+verifies an empty draft and emits the target's own next token, so plain and
+speculative runs share the sampling and stop code and are comparable.
+
+Cache convention: the last token of the accepted sequence ("pending") is not
+yet in the target's cache. A step feeds [pending, d_1..d_k] and gets k+1 rows
+of logits; row i scores the token after d_1..d_i. After n accepted drafts the
+cache is rolled back to the accepted prefix and the recovered/bonus token
+becomes the new pending token. The prompt's last token is pending at start,
+so even the first new token comes from a (possibly speculative) step.
+
+Stops are checked on every emitted token, in order, even inside an accepted
+draft: stop token ids (EOS unless ignored) -> stop hook (stop strings) ->
+max_tokens -> context limit. The stop token itself is part of the output.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specdecode.drafters.base import Draft, Drafter
+from specdecode.models.base import CausalLM
+from specdecode.sampling import SamplingParams, logits_to_probs
+from specdecode.stats import SpecStats
+from specdecode.verify import VerifyResult, greedy_verify, rejection_sample
+
+StopHook = Callable[[list[int]], bool]
+"""Called with all output token ids after each emitted token; True stops there
+(finish_reason "stop"). Stop strings plug in here through a tokenizer."""
+
+RejectionSampler = Callable[
+    [torch.Tensor, torch.Tensor, "torch.Tensor | None", "torch.Generator | None"], VerifyResult]
+
+
+@dataclass
+class StepEvent:
+    """Tokens emitted by one step; finish_reason is set on the last event."""
+
+    token_ids: list[int]
+    finish_reason: str | None
+    stats: SpecStats
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length"
+    stats: SpecStats
+
+
+class SpeculativeDecoder:
+    """Lossless speculative decoding of `target` with proposals from `drafter`.
+
+    Greedy (temperature 0) output is token-for-token the target's own greedy
+    output; sampled output has the target's distribution (exact rejection
+    sampling). k is the number of draft tokens per step; k = 0 or no drafter is
+    plain decoding.
+    """
+
+    def __init__(
+        self,
+        target: CausalLM,
+        drafter: Drafter | None = None,
+        k: int = 4,
+        *,
+        eos_token_ids: Sequence[int] | None = None,
+        rejection_sampler: RejectionSampler = rejection_sample,
+    ) -> None:
+        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
+            raise ValueError(f"k (num_speculative_tokens) must be an integer >= 0, got {k!r}")
+        self.target, self.drafter, self.k = target, drafter, k
+        self.eos_token_ids = tuple(
+            target.eos_token_ids if eos_token_ids is None else eos_token_ids)
+        self.rejection_sampler = rejection_sampler
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        seed: int | None = None,
+        stop_hook: StopHook | None = None,
+    ) -> GenerationResult:
+        """Generate to a stop; see `stream` for the arguments."""
+        tokens: list[int] = []
+        for event in self.stream(prompt_ids, params, seed, stop_hook):
+            tokens += event.token_ids
+        return GenerationResult(tokens, event.finish_reason or "length", event.stats)
+
+    def stream(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        seed: int | None = None,
+        stop_hook: StopHook | None = None,
+    ) -> Iterator[StepEvent]:
+        """Yield the tokens of each step as soon as they are verified.
+
+        prompt_ids: at least one token, shorter than the context limit.
+        seed: seeds the one torch.Generator behind all sampling (None: random).
+        """
+        start = time.perf_counter()
+        params = params or SamplingParams()
+        prompt = self._check_prompt(prompt_ids)
+        target, stats = self.target, SpecStats()
+        generator = torch.Generator(device=target.device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
+        stops = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stops |= set(self.eos_token_ids)
+
+        target.rollback(0)
+        if len(prompt) > 1:
+            target.prefill(torch.tensor(prompt[:-1], dtype=torch.long))
+        if self.drafter is not None:
+            self.drafter.begin(prompt, params, generator)
+        stats.prefill_time = time.perf_counter() - start
+
+        context, output = list(prompt), []
+        while True:
+            t0 = time.perf_counter()
+            budget = min(params.max_tokens - len(output), target.max_seq_len - len(context))
+            draft = self._propose(context, min(self.k, budget - 1), stops)
+            t1 = time.perf_counter()
+            result = self._verify(context[-1], draft, params, generator)
+            target.rollback(len(context) + result.num_accepted)
+            t2 = time.perf_counter()
+            if self.drafter is not None:
+                self.drafter.observe(result.num_accepted)
+
+            new, finish = [], None
+            for token in result.tokens:
+                new.append(token)
+                output.append(token)
+                context.append(token)
+                if token in stops or (stop_hook is not None and stop_hook(output)):
+                    finish = "stop"
+                elif len(output) >= params.max_tokens or len(context) >= target.max_seq_len:
+                    finish = "length"
+                if finish:
+                    break
+            accepted = min(result.num_accepted, len(new))
+            cut = len(new) < len(result.tokens)
+            tried = accepted if cut else min(len(draft), result.num_accepted + 1)
+            stats.record_step(len(draft), accepted, len(new), tried)
+            t3 = time.perf_counter()
+            stats.draft_time += t1 - t0
+            stats.verify_time += t2 - t1
+            stats.other_time += t3 - t2
+            stats.wall_time = t3 - start
+            yield StepEvent(new, finish, stats)
+            if finish:
+                return
+
+    def _check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ValueError("the prompt must hold at least one token")
+        bad = [t for t in prompt if not 0 <= t < self.target.vocab_size]
+        if bad:
+            raise ValueError(
+                f"token id {bad[0]} is outside the vocabulary (0..{self.target.vocab_size - 1})")
+        if len(prompt) >= self.target.max_seq_len:
+            raise ValueError(
+                f"the prompt has {len(prompt)} tokens; the context limit of "
+                f"{self.target.max_seq_len} leaves no room for a new token")
+        return prompt
+
+    def _propose(self, context: list[int], k: int, stops: set[int]) -> Draft:
+        """Ask the drafter for up to k tokens; cut the draft after its first stop token."""
+        if self.drafter is None or k <= 0:
+            return Draft.empty()
+        draft = self.drafter.propose(context, k).truncate(k)
+        for i, token in enumerate(draft.tokens.tolist()):
+            if token in stops:  # nothing after a stop token can be emitted
+                return draft.truncate(i + 1)
+        return draft
+
+    def _verify(
+        self, pending: int, draft: Draft, params: SamplingParams, generator: torch.Generator
+    ) -> VerifyResult:
+        """One target pass over [pending, draft...] and the verifier's decision."""
+        ids = torch.cat((torch.tensor([pending], dtype=torch.long), draft.tokens.cpu()))
+        logits = self.target.forward(ids).logits  # [k + 1, vocab_size]
+        if params.greedy:
+            return greedy_verify(draft.tokens, logits)
+        p = logits_to_probs(logits, params)  # [k + 1, vocab_size]
+        q = None if draft.q is None else draft.q.to(p.device)
+        return self.rejection_sampler(draft.tokens, p, q, generator)

@@ -1,0 +1,102 @@
+"""Chain verification: which draft tokens the target keeps, and the token after.
+
+Pure functions over tensors; no models. Vocabulary of one step:
+
+- draft tokens d_1..d_k: what the drafter proposed.
+- p: the target's probabilities at the k+1 positions of one verification pass
+  (row i is the target's distribution for the token after d_1..d_i).
+- q: the drafter's probabilities for d_1..d_k (row i is what d_{i+1} was
+  sampled from), or None: a drafter without probabilities is a point mass on
+  its own tokens, which is still exact.
+- accepted tokens: the longest prefix of the draft that the verifier keeps.
+- recovered token: after the first rejection at position i, a token sampled
+  from normalize(max(0, p_i - q_i)); it replaces the rejected draft token.
+- bonus token: after a full accept, a token sampled from p_k.
+
+Either way a step emits `num_accepted + 1` tokens, so it never does worse than
+plain decoding in tokens per target pass. Greedy verification keeps d_i while
+it equals the target's argmax and then emits the argmax; rejection sampling
+(Leviathan et al. 2023; Chen et al. 2023) accepts d_i with probability
+min(1, p_i(d_i) / q_i(d_i)), which makes the emitted tokens distributed exactly
+as the target's own samples. All randomness comes from an explicit generator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdecode.sampling import sample
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of one verification pass.
+
+    num_accepted: how many draft tokens were kept (0..k).
+    next_token: the recovered token (num_accepted < k) or bonus token (== k).
+    tokens: the emitted tokens, accepted drafts followed by next_token.
+    """
+
+    num_accepted: int
+    next_token: int
+    tokens: tuple[int, ...]
+
+
+def _result(draft_tokens: torch.Tensor, num_accepted: int, next_token: int) -> VerifyResult:
+    kept = tuple(int(t) for t in draft_tokens[:num_accepted].tolist())
+    return VerifyResult(num_accepted, next_token, kept + (next_token,))
+
+
+def greedy_verify(
+    draft_tokens: torch.Tensor,  # [k] int64
+    target_logits: torch.Tensor,  # [k + 1, vocab_size]
+) -> VerifyResult:
+    """Keep draft tokens while they equal the target's argmax; then emit the argmax."""
+    k = draft_tokens.shape[0]
+    assert target_logits.shape[0] == k + 1, "need one more target row than draft tokens"
+    target_argmax = target_logits.argmax(dim=-1)  # [k + 1]
+    mismatch = (draft_tokens.to(target_argmax.device) != target_argmax[:k]).nonzero()
+    num_accepted = int(mismatch[0, 0]) if mismatch.numel() else k
+    return _result(draft_tokens, num_accepted, int(target_argmax[num_accepted]))
+
+
+def rejection_sample(
+    draft_tokens: torch.Tensor,  # [k] int64
+    p: torch.Tensor,  # [k + 1, vocab_size] float32 target probs
+    q: torch.Tensor | None,  # [k, vocab_size] float32 draft probs, None = point mass
+    generator: torch.Generator | None,
+) -> VerifyResult:
+    """Exact speculative sampling: the emitted tokens are distributed as samples of p.
+
+    Accept d_i with probability min(1, p_i(d_i) / q_i(d_i)); at the first
+    rejection emit a recovered token from normalize(max(0, p_i - q_i)); after a
+    full accept emit a bonus token from p_k.
+    """
+    k = draft_tokens.shape[0]
+    assert p.shape[0] == k + 1, "need one more target row than draft tokens"
+    draft_tokens = draft_tokens.to(p.device)
+    if k:
+        rows = torch.arange(k, device=p.device)
+        p_draft = p[rows, draft_tokens]  # [k]
+        q_draft = q[rows, draft_tokens] if q is not None else torch.ones_like(p_draft)
+        u = torch.rand(k, generator=generator, device=p.device)  # [k]
+        # u < p/q, written without a division so q == 0 < p accepts and 0/0 rejects.
+        rejected = (u * q_draft >= p_draft).nonzero()
+        num_accepted = int(rejected[0, 0]) if rejected.numel() else k
+    else:
+        num_accepted = 0
+    if num_accepted == k:
+        return _result(draft_tokens, k, sample(p[k], generator))
+    i = num_accepted
+    if q is not None:
+        q_i = q[i]
+    else:
+        q_i = torch.zeros_like(p[i]).index_fill_(0, draft_tokens[i : i + 1], 1.0)
+    residual = (p[i] - q_i).clamp_min(0.0)  # [vocab_size]
+    total = residual.sum()
+    # p == q everywhere leaves no residual mass; a rejection then has probability
+    # zero, so only rounding gets here, and p is the distribution to fall back on.
+    recovered_from = residual / total if total > 0 else p[i]
+    return _result(draft_tokens, i, sample(recovered_from, generator))

@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny seeded random models (float32, CPU) and scripted drafters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdecode import Draft, SamplingParams, SpeculativeDecoder
+from specdecode.models import PRESETS, Transformer
+
+torch.set_num_threads(1)
+
+
+def tiny(seed: int, preset: str = "tiny", **kw) -> Transformer:
+    return Transformer.random(PRESETS[preset], seed=seed, **kw)
+
+
+def plain_greedy(target: Transformer, prompt: list[int], max_tokens: int, **kw) -> list[int]:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **kw)
+    return SpeculativeDecoder(target, None).generate(prompt, params).token_ids
+
+
+class OracleDrafter:
+    """Scripted drafter: knows the target's greedy sequence `truth` (prompt + output).
+
+    Each step it proposes `script[step]` correct tokens followed by wrong ones
+    (correct + 1 mod vocab); without a script it is always wrong.
+    """
+
+    name = "oracle"
+
+    def __init__(self, truth: list[int], vocab_size: int, script: list[int] | None = None):
+        self.truth, self.vocab_size, self.script = truth, vocab_size, script
+        self.step = 0
+
+    def begin(self, prompt_ids, params, generator) -> None:
+        self.step = 0
+
+    def propose(self, context: list[int], k: int) -> Draft:
+        assert context == self.truth[: len(context)], "context left the greedy path"
+        right = self.truth[len(context) : len(context) + k]
+        n_right = self.script[self.step] if self.script else 0
+        tokens = [t if i < n_right else (t + 1) % self.vocab_size for i, t in enumerate(right)]
+        self.step += 1
+        return Draft(torch.tensor(tokens, dtype=torch.long))
+
+    def observe(self, num_accepted: int) -> None:
+        pass
+
+
+@pytest.fixture(scope="session")
+def target() -> Transformer:
+    return tiny(seed=1)

@@ -1,0 +1,151 @@
+"""Verifier golden cases on hand-built logits / probabilities."""
+
+from __future__ import annotations
+
+import torch
+
+from specdecode import SamplingParams, SpeculativeDecoder
+from specdecode.drafters import Draft
+from specdecode.verify import greedy_verify, rejection_sample
+
+V = 5
+
+
+def logits_with_argmax(argmaxes: list[int]) -> torch.Tensor:  # [len, V]
+    logits = torch.zeros(len(argmaxes), V)
+    for row, a in enumerate(argmaxes):
+        logits[row, a] = 3.0
+    return logits
+
+
+def probs(rows: list[list[float]]) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def test_greedy_all_accepted_plus_bonus():
+    r = greedy_verify(torch.tensor([1, 2, 3]), logits_with_argmax([1, 2, 3, 4]))
+    assert (r.num_accepted, r.next_token, r.tokens) == (3, 4, (1, 2, 3, 4))
+
+
+def test_greedy_first_rejected():
+    r = greedy_verify(torch.tensor([1, 2, 3]), logits_with_argmax([0, 2, 3, 4]))
+    assert (r.num_accepted, r.next_token, r.tokens) == (0, 0, (0,))
+
+
+def test_greedy_middle_rejected():
+    r = greedy_verify(torch.tensor([1, 2, 3]), logits_with_argmax([1, 4, 3, 4]))
+    assert (r.num_accepted, r.next_token, r.tokens) == (1, 4, (1, 4))
+
+
+def test_greedy_empty_draft_is_plain_step():
+    r = greedy_verify(torch.zeros(0, dtype=torch.long), logits_with_argmax([2]))
+    assert (r.num_accepted, r.tokens) == (0, (2,))
+
+
+def test_greedy_tie_takes_first_index_like_argmax():
+    logits = torch.tensor([[1.0, 5.0, 5.0, 0.0, 0.0], [0.0] * 5])
+    assert greedy_verify(torch.tensor([2]), logits).tokens == (1,)
+
+
+def test_rejection_point_mass_certain_accept_and_bonus():
+    # p puts all mass on the draft tokens: always accepted; bonus from p[k].
+    p = probs([[0, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 0, 1]])
+    r = rejection_sample(torch.tensor([1, 2]), p, None, torch.Generator().manual_seed(0))
+    assert r.tokens == (1, 2, 4)
+
+
+def test_rejection_first_rejected_recovers_from_residual():
+    # p(x=1) = 0: the draft token is always rejected; the residual
+    # max(0, p - q) puts all its mass on token 3.
+    p = probs([[0, 0, 0.4, 0.6, 0], [0.2] * 5, [0.2] * 5])
+    q = probs([[0, 0.5, 0.5, 0, 0], [0.2] * 5])
+    r = rejection_sample(torch.tensor([1, 0]), p, q, torch.Generator().manual_seed(0))
+    assert r.tokens == (3,)
+
+
+def test_rejection_middle_rejected():
+    p = probs([[0, 1, 0, 0, 0], [1, 0, 0, 0, 0], [0.2] * 5])
+    q = probs([[0, 1, 0, 0, 0], [0, 0, 1, 0, 0]])
+    r = rejection_sample(torch.tensor([1, 2]), p, q, torch.Generator().manual_seed(0))
+    assert (r.num_accepted, r.tokens) == (1, (1, 0))
+
+
+def test_rejection_empty_draft_samples_p():
+    p = probs([[0, 0, 0, 1, 0]])
+    r = rejection_sample(torch.zeros(0, dtype=torch.long), p, None, torch.Generator())
+    assert r.tokens == (3,)
+
+
+def test_rejection_is_reproducible_with_a_seed():
+    p = torch.softmax(torch.randn(4, V, generator=torch.Generator().manual_seed(1)), -1)
+    q = torch.softmax(torch.randn(3, V, generator=torch.Generator().manual_seed(2)), -1)
+    draft = torch.tensor([0, 1, 2])
+    runs = [rejection_sample(draft, p, q, torch.Generator().manual_seed(7)) for _ in range(3)]
+    assert runs[0] == runs[1] == runs[2]
+
+
+class FixedDrafter:
+    """Proposes the same tokens every step."""
+
+    name = "fixed"
+
+    def __init__(self, tokens: list[int]):
+        self.tokens = tokens
+
+    def begin(self, prompt_ids, params, generator):
+        pass
+
+    def propose(self, context, k):
+        return Draft(torch.tensor(self.tokens[:k], dtype=torch.long))
+
+    def observe(self, num_accepted):
+        pass
+
+
+class ScriptedTarget:
+    """A CausalLM whose next-token argmax is read from a table, whatever the input.
+
+    Position i (0-based in the whole sequence) predicts `script[i + 1]`.
+    """
+
+    vocab_size = V
+    max_seq_len = 64
+    eos_token_ids = (4,)
+    device = torch.device("cpu")
+    dtype = torch.float32
+
+    def __init__(self, script: list[int]):
+        self.script, self._len = script, 0
+
+    @property
+    def cached_len(self):
+        return self._len
+
+    def forward(self, ids, *, last_n=None, **_):
+        from specdecode.models import ForwardOutput
+
+        start, self._len = self._len, self._len + len(ids)
+        rows = [self.script[min(start + i + 1, len(self.script) - 1)] for i in range(len(ids))]
+        logits = logits_with_argmax(rows)
+        return ForwardOutput(logits if last_n is None else logits[len(ids) - last_n:])
+
+    def prefill(self, ids):
+        self._len = 0
+        return self.forward(ids, last_n=1)
+
+    def rollback(self, length):
+        assert 0 <= length <= self._len
+        self._len = length
+
+
+def test_eos_inside_draft_nothing_after_is_emitted_or_counted():
+    # Prompt [0]; the target then says 1, 2, EOS(4), 3, 3... and the drafter
+    # proposes exactly that, so the whole draft would be accepted.
+    target = ScriptedTarget([0, 1, 2, 4, 3, 3, 3, 3])
+    decoder = SpeculativeDecoder(target, FixedDrafter([1, 2, 4, 3, 3]), k=5)
+    result = decoder.generate([0], SamplingParams(max_tokens=10))
+    assert result.token_ids == [1, 2, 4]
+    assert result.finish_reason == "stop"
+    stats = result.stats
+    assert (stats.steps, stats.drafted, stats.accepted, stats.emitted) == (1, 3, 3, 3)
+    assert stats.position_acceptance == [1.0, 1.0, 1.0]
