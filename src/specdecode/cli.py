@@ -1,0 +1,225 @@
+"""`specdecode` command line: pull, models, generate, demo.
+
+Flags mirror vLLM / llama.cpp where they exist. Bad input exits with status 2
+and one line on stderr (`specdecode: error: ...`), never a traceback (set
+SPECDECODE_DEBUG=1 to see one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from specdecode.sampling import SamplingParams
+
+DEMO_PROMPT = ("Write a Python function `is_palindrome(s: str) -> bool` that ignores case "
+               "and non-alphanumeric characters. Include a docstring with two doctests.")
+
+
+class UserError(Exception):
+    """A mistake in the user's input: reported as one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage dump
+        raise UserError(f"{self.prog}: {message}")
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", "--model", "-m", default="default",
+                   help="registry name or path to a GGUF file / HF folder (default: default)")
+    p.add_argument("--draft-model", "-md", default=None,
+                   help="draft model: registry name or path (default: the pair's draft)")
+    p.add_argument("--drafter", choices=["draft-model", "ngram", "none"], default=None,
+                   help="how drafts are proposed (default: draft-model if a draft model is "
+                        "known, else none)")
+    p.add_argument("-k", "--num-speculative-tokens", type=_non_negative_int, default=4,
+                   help="draft tokens per step (0 = plain decoding)")
+    p.add_argument("--ngram-max", type=_positive_int, default=3)
+    p.add_argument("--ngram-min", type=_positive_int, default=1)
+    p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--max-context", type=_positive_int, default=None,
+                   help="KV cache size in tokens (default: min(model context, 8192))")
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", "--temp", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--max-tokens", "-n", type=int, default=256)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true")
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="specdecode", description="Lossless speculative decoding.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    p = sub.add_parser("pull", help="download a registry model (or pair) into the cache")
+    p.add_argument("name", help="registry name, e.g. default or smollm2-135m")
+
+    sub.add_parser("models", help="list registry models and whether they are pulled")
+
+    p = sub.add_parser("generate", help="generate text from a prompt")
+    p.add_argument("prompt", nargs="?", default=None, help="the prompt text")
+    p.add_argument("--chat", action="store_true", help="send PROMPT as one user message")
+    p.add_argument("--messages", type=Path, default=None,
+                   help="JSON file with a list of {role, content} messages")
+    _model_args(p)
+    _sampling_args(p)
+    p.add_argument("--compare-plain", action="store_true",
+                   help="also run plain decoding; print both speeds and whether outputs match")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = sub.add_parser("demo", help="pull the default pair and run a chat prompt vs plain")
+    p.add_argument("--max-tokens", "-n", type=_positive_int, default=128)
+    p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16")
+    p.add_argument("-k", "--num-speculative-tokens", type=_non_negative_int, default=4)
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        print("specdecode: interrupted", file=sys.stderr)
+        return 130
+    except (UserError, ValueError, KeyError, FileNotFoundError, OSError, RuntimeError) as e:
+        if os.environ.get("SPECDECODE_DEBUG"):
+            raise
+        message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        first = str(message).strip().splitlines()[0] if str(message).strip() else type(e).__name__
+        prefix = "" if first.startswith("specdecode") else "specdecode: error: "
+        print(f"{prefix}{first}", file=sys.stderr)
+        return 2
+
+
+# -- commands ---------------------------------------------------------------------
+
+
+def cmd_pull(args) -> int:
+    from specdecode.models.registry import pull
+
+    for path in pull(args.name):
+        print(path)
+    return 0
+
+
+def cmd_models(args) -> int:
+    from specdecode.models.registry import MODELS, PAIRS, model_path
+
+    for name, (target, draft) in PAIRS.items():
+        print(f"{name:22s} pair: {target} + {draft}")
+    for name, entry in MODELS.items():
+        state = "pulled" if model_path(name).exists() else "not pulled"
+        print(f"{name:22s} {entry.description} [{state}]")
+    return 0
+
+
+def _params(args) -> SamplingParams:
+    return SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        max_tokens=args.max_tokens, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
+
+
+def _read_messages(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise UserError(f"no such messages file: {path}")
+    try:
+        messages = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path} is not valid JSON: {e}") from None
+    if isinstance(messages, dict) and "messages" in messages:
+        messages = messages["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise UserError(f"{path} must hold a non-empty list of {{role, content}} messages")
+    return messages
+
+
+def cmd_generate(args) -> int:
+    from specdecode.llm import LLM
+
+    params = _params(args)  # validate before loading anything
+    if args.prompt is None and args.messages is None:
+        raise UserError("give a PROMPT or --messages FILE")
+    messages = _read_messages(args.messages) if args.messages else None
+    llm = LLM.load(args.target, draft_model=args.draft_model, drafter=args.drafter,
+                   k=args.num_speculative_tokens, dtype=args.dtype, device=args.device,
+                   max_seq_len=args.max_context, ngram_max=args.ngram_max,
+                   ngram_min=args.ngram_min)
+    prompt_ids = llm.encode(args.prompt, messages, chat=args.chat)
+    return run_and_report(llm, prompt_ids, params, args.seed, args.compare_plain, args.json)
+
+
+def cmd_demo(args) -> int:
+    from specdecode.llm import LLM
+    from specdecode.models.registry import pull
+
+    pull("default")
+    llm = LLM.load("default", k=args.num_speculative_tokens, dtype=args.dtype)
+    prompt_ids = llm.encode(DEMO_PROMPT, chat=True)
+    if not args.json:
+        print(f"prompt: {DEMO_PROMPT}\n", file=sys.stderr)
+    params = SamplingParams(max_tokens=args.max_tokens)
+    return run_and_report(llm, prompt_ids, params, 0, compare_plain=True, as_json=args.json)
+
+
+def run_and_report(llm, prompt_ids, params, seed, compare_plain: bool, as_json: bool) -> int:
+    from specdecode.report import print_report, result_dict
+
+    speculative = llm.drafter is not None and llm.k > 0
+    if as_json:
+        result = llm.generate(prompt_ids, params, seed, speculative=speculative)
+    else:
+        result = _stream_to_stdout(llm, prompt_ids, params, seed, speculative)
+    plain = llm.generate(prompt_ids, params, seed, speculative=False) if compare_plain else None
+    if as_json:
+        out = result_dict(llm, result, plain)
+        print(json.dumps(out))
+    else:
+        print_report(llm, result, plain)
+    return 0
+
+
+def _stream_to_stdout(llm, prompt_ids, params, seed, speculative):
+    import time
+
+    from specdecode.llm import TextResult
+
+    start, parts, ids = time.perf_counter(), [], []
+    for chunk in llm.stream(prompt_ids, params, seed, speculative):
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+        parts.append(chunk.text)
+        ids += chunk.token_ids
+    sys.stdout.write("\n")
+    return TextResult("".join(parts), ids, chunk.finish_reason or "length", chunk.stats,
+                      len(prompt_ids), time.perf_counter() - start)
+
+
+COMMANDS = {"pull": cmd_pull, "models": cmd_models, "generate": cmd_generate, "demo": cmd_demo}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""LLM: a target, a drafter and a tokenizer behind one text-level API.
+
+This is what the CLI and the server use: load models by registry name or
+path, turn prompts or chat messages into ids, generate or stream text with
+stop strings, and run plain decoding of the same request for comparison.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from specdecode.drafters import DraftModelDrafter, NgramDrafter, VocabularyMismatch
+from specdecode.drafters.base import Drafter
+from specdecode.engine import SpeculativeDecoder
+from specdecode.models.base import CausalLM
+from specdecode.sampling import SamplingParams
+from specdecode.stats import SpecStats
+from specdecode.text import StopStrings, TextStream, Tokenizer
+
+DRAFTERS = ("draft-model", "ngram", "none")
+
+
+@dataclass
+class TextResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stats: SpecStats
+    prompt_tokens: int
+    seconds: float  # wall time of the whole call, prefill included
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class TextChunk:
+    text: str  # new text, safe to show
+    token_ids: list[int]
+    finish_reason: str | None
+    stats: SpecStats
+
+
+@dataclass
+class LoadInfo:
+    target: str
+    draft: str | None = None
+    drafter: str = "none"
+    seconds: dict[str, float] = field(default_factory=dict)
+    from_cache: dict[str, bool] = field(default_factory=dict)
+
+
+class LLM:
+    def __init__(
+        self,
+        target: CausalLM,
+        tokenizer: Tokenizer,
+        drafter: Drafter | None = None,
+        k: int = 4,
+        info: LoadInfo | None = None,
+    ) -> None:
+        eos = tuple(dict.fromkeys((*target.eos_token_ids, *tokenizer.eos_token_ids)))
+        self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
+        self.decoder = SpeculativeDecoder(target, drafter, k, eos_token_ids=eos)
+        self.plain = SpeculativeDecoder(target, None, 0, eos_token_ids=eos)
+        self.info = info or LoadInfo(target="?")
+
+    @property
+    def k(self) -> int:
+        return self.decoder.k
+
+    @classmethod
+    def load(
+        cls,
+        target: str = "default",
+        *,
+        draft_model: str | None = None,
+        drafter: str | None = None,
+        k: int = 4,
+        dtype: str = "bfloat16",
+        device: str = "cpu",
+        max_seq_len: int | None = None,
+        ngram_max: int = 3,
+        ngram_min: int = 1,
+    ) -> LLM:
+        """Load by registry name or path. `drafter` defaults to draft-model when a
+        draft model is given (or the target is a registry pair), else none."""
+        from specdecode.models import loading, registry
+
+        if drafter is not None and drafter not in DRAFTERS:
+            raise ValueError(f"unknown drafter '{drafter}'; choose one of {', '.join(DRAFTERS)}")
+        if draft_model is None and target in registry.PAIRS and drafter in (None, "draft-model"):
+            draft_model = registry.PAIRS[target][1]
+        if drafter is None:
+            drafter = "draft-model" if draft_model else "none"
+        if drafter == "draft-model" and not draft_model:
+            raise ValueError("--drafter draft-model needs --draft-model")
+        target_path = registry.resolve(target)
+        draft_path = registry.resolve(draft_model) if drafter == "draft-model" else None
+
+        info = LoadInfo(target=str(target_path), drafter=drafter)
+        t = loading.load(target_path, dtype=dtype, device=device, max_seq_len=max_seq_len)
+        info.seconds["target"], info.from_cache["target"] = t.load_seconds, t.from_cache
+        proposer: Drafter | None = None
+        if drafter == "draft-model":
+            d = loading.load(draft_path, dtype=dtype, device=device,
+                             max_seq_len=t.model.max_seq_len)
+            info.draft = str(draft_path)
+            info.seconds["draft"], info.from_cache["draft"] = d.load_seconds, d.from_cache
+            proposer = make_draft_model_drafter(d.model, d.tokenizer, t.model, t.tokenizer)
+        elif drafter == "ngram":
+            proposer = NgramDrafter(max_n=ngram_max, min_n=ngram_min)
+        return cls(t.model, t.tokenizer, proposer, k, info)
+
+    # -- prompts ----------------------------------------------------------------
+
+    def encode(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
+               chat: bool = False) -> list[int]:
+        """Raw prompt, prompt as one user message (chat=True), or whole conversation."""
+        if messages is not None:
+            return self.tokenizer.chat(messages)
+        if prompt is None:
+            raise ValueError("give a prompt or messages")
+        if chat:
+            return self.tokenizer.chat([{"role": "user", "content": prompt}])
+        return self.tokenizer.encode(prompt)
+
+    # -- generation ---------------------------------------------------------------
+
+    def stream(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        seed: int | None = None,
+        speculative: bool = True,
+    ) -> Iterator[TextChunk]:
+        decoder = self.decoder if speculative else self.plain
+        hook = StopStrings(self.tokenizer, params.stop) if params.stop else None
+        text = TextStream(self.tokenizer, params.stop)
+        for event in decoder.stream(prompt_ids, params, seed, stop_hook=hook):
+            delta = text.push(event.token_ids)
+            if event.finish_reason:
+                delta += text.finish()
+            yield TextChunk(delta, event.token_ids, event.finish_reason, event.stats)
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        seed: int | None = None,
+        speculative: bool = True,
+    ) -> TextResult:
+        start = time.perf_counter()
+        parts, ids = [], []
+        for chunk in self.stream(prompt_ids, params, seed, speculative):
+            parts.append(chunk.text)
+            ids += chunk.token_ids
+        return TextResult("".join(parts), ids, chunk.finish_reason or "length", chunk.stats,
+                          len(prompt_ids), time.perf_counter() - start)
+
+
+def make_draft_model_drafter(
+    draft: CausalLM, draft_tokenizer: Tokenizer, target: CausalLM, target_tokenizer: Tokenizer
+) -> DraftModelDrafter:
+    """A draft-model drafter after checking that both models share one vocabulary."""
+    if draft_tokenizer.hf.get_vocab() != target_tokenizer.hf.get_vocab():
+        raise VocabularyMismatch(
+            f"the draft model's vocabulary ({draft_tokenizer.vocab_size} tokens) does not "
+            f"match the target's ({target_tokenizer.vocab_size} tokens)")
+    shared = None
+    if draft.vocab_size != target.vocab_size:
+        shared = target_tokenizer.vocab_size  # tables differ by padding only
+    return DraftModelDrafter(draft, target, shared_vocab_size=shared)
