@@ -75,3 +75,10 @@ def test_batched_rows_are_independent():
 def test_bad_parameters_are_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
+
+
+def test_extreme_values_stay_finite():
+    tiny_t = logits_to_probs(LOGITS, SamplingParams(temperature=1e-300))
+    approx(tiny_t, [1, 0, 0, 0])  # below 1e-5 is greedy
+    tiny_p = logits_to_probs(LOGITS, SamplingParams(temperature=1.0, top_p=1e-300))
+    approx(tiny_p, [1, 0, 0, 0])  # the top token always survives top_p

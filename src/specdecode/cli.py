@@ -1,4 +1,4 @@
-"""`specdecode` command line: pull, models, generate, demo.
+"""`specdecode` command line: pull, models, generate, demo, serve.
 
 Flags mirror vLLM / llama.cpp where they exist. Bad input exits with status 2
 and one line on stderr (`specdecode: error: ...`), never a traceback (set
@@ -50,8 +50,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", choices=["draft-model", "ngram", "none"], default=None,
                    help="how drafts are proposed (default: draft-model if a draft model is "
                         "known, else none)")
-    p.add_argument("-k", "--num-speculative-tokens", type=_non_negative_int, default=4,
+    p.add_argument("-k", "--num-speculative-tokens", type=_non_negative_int, default=8,
                    help="draft tokens per step (0 = plain decoding)")
+    p.add_argument("--draft-quant", choices=["auto", "int8", "none"], default="auto",
+                   help="draft model weights: int8 halves the bytes per draft token "
+                        "(auto: int8 on CPU); never changes the output")
+    p.add_argument("--draft-confidence", type=float, default=0.3,
+                   help="stop a draft after a token the draft model gave less than this "
+                        "probability (0 = always draft k)")
     p.add_argument("--ngram-max", type=_positive_int, default=3)
     p.add_argument("--ngram-min", type=_positive_int, default=1)
     p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16")
@@ -94,8 +100,23 @@ def build_parser() -> Parser:
     p = sub.add_parser("demo", help="pull the default pair and run a chat prompt vs plain")
     p.add_argument("--max-tokens", "-n", type=_positive_int, default=128)
     p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16")
-    p.add_argument("-k", "--num-speculative-tokens", type=_non_negative_int, default=4)
+    p.add_argument("-k", "--num-speculative-tokens", type=_non_negative_int, default=8)
     p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("serve", help="OpenAI- and Anthropic-compatible HTTP server")
+    _model_args(p)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("SPECDECODE_API_KEY"),
+                   help="require this key on every route but /health (default: "
+                        "$SPECDECODE_API_KEY; none: no auth)")
+    p.add_argument("--max-queue", type=_non_negative_int, default=16,
+                   help="requests that may wait while one generates; more get a 429")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model name clients send (default: the target's name)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                   default="info")
     return parser
 
 
@@ -168,7 +189,8 @@ def cmd_generate(args) -> int:
     llm = LLM.load(args.target, draft_model=args.draft_model, drafter=args.drafter,
                    k=args.num_speculative_tokens, dtype=args.dtype, device=args.device,
                    max_seq_len=args.max_context, ngram_max=args.ngram_max,
-                   ngram_min=args.ngram_min)
+                   ngram_min=args.ngram_min, draft_quant=args.draft_quant,
+                   draft_confidence=args.draft_confidence)
     prompt_ids = llm.encode(args.prompt, messages, chat=args.chat)
     return run_and_report(llm, prompt_ids, params, args.seed, args.compare_plain, args.json)
 
@@ -219,7 +241,38 @@ def _stream_to_stdout(llm, prompt_ids, params, seed, speculative):
                       len(prompt_ids), time.perf_counter() - start)
 
 
-COMMANDS = {"pull": cmd_pull, "models": cmd_models, "generate": cmd_generate, "demo": cmd_demo}
+def served_model_name(target: str) -> str:
+    """A registry name as is (a pair's target for a pair), a path's file stem."""
+    from specdecode.models.registry import MODELS, PAIRS
+
+    if target in PAIRS:
+        return PAIRS[target][0]
+    return target if target in MODELS else Path(target).stem
+
+
+def cmd_serve(args) -> int:
+    from specdecode.llm import LLM
+    from specdecode.server import serve
+
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be in 0..65535, got {args.port}")
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        print(f"specdecode: warning: serving on {args.host} without --api-key",
+              file=sys.stderr)
+    llm = LLM.load(args.target, draft_model=args.draft_model, drafter=args.drafter,
+                   k=args.num_speculative_tokens, dtype=args.dtype, device=args.device,
+                   max_seq_len=args.max_context, ngram_max=args.ngram_max,
+                   ngram_min=args.ngram_min, draft_quant=args.draft_quant,
+                   draft_confidence=args.draft_confidence)
+    serve(llm, host=args.host, port=args.port, api_key=args.api_key or None,
+          max_queue=args.max_queue,
+          model_name=args.served_model_name or served_model_name(args.target),
+          log_level=args.log_level)
+    return 0
+
+
+COMMANDS = {"pull": cmd_pull, "models": cmd_models, "generate": cmd_generate, "demo": cmd_demo,
+            "serve": cmd_serve}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 import torch
 
 
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """What to sample and when to stop, for one request.
@@ -60,7 +63,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperature below 1e-5 is greedy (as vLLM): dividing by it would overflow."""
+        return self.temperature < GREEDY_BELOW
 
 
 def _is_number(x: object) -> bool:
@@ -95,6 +99,7 @@ def logits_to_probs(
         # Drop a token when the tokens strictly before it already reach top_p.
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
         drop_sorted = mass_before >= params.top_p
+        drop_sorted[..., 0] = False  # the most likely token always stays
         drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, -math.inf)
     probs = logits.softmax(dim=-1)

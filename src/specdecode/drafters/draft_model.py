@@ -25,11 +25,20 @@ class DraftModelDrafter:
     name = "draft-model"
 
     def __init__(
-        self, draft: CausalLM, target: CausalLM, *, shared_vocab_size: int | None = None
+        self,
+        draft: CausalLM,
+        target: CausalLM,
+        *,
+        shared_vocab_size: int | None = None,
+        confidence_threshold: float = 0.0,
     ) -> None:
         """`shared_vocab_size`: the real vocabulary both models use, when their
         embedding tables differ only by padding (checked by the caller against
-        the tokenizers). Without it the table sizes must be equal."""
+        the tokenizers). Without it the table sizes must be equal.
+
+        `confidence_threshold`: stop drafting early after a token the draft
+        model itself gave less than this probability (0 = always draft k).
+        """
         if shared_vocab_size is None:
             if draft.vocab_size != target.vocab_size:
                 raise VocabularyMismatch(
@@ -41,6 +50,7 @@ class DraftModelDrafter:
                 f"shared vocabulary of {shared_vocab_size} tokens does not fit the draft "
                 f"({draft.vocab_size}) and target ({target.vocab_size}) tables")
         self.model = draft
+        self.confidence_threshold = confidence_threshold
         self.target_vocab_size = target.vocab_size
         self.shared_vocab_size = shared_vocab_size
         self._cached: list[int] = []  # token ids whose KV is in the draft cache
@@ -76,12 +86,18 @@ class DraftModelDrafter:
         q_rows: list[torch.Tensor] = []
         for i in range(k):
             if self._params.greedy:
-                token = int(logits[0, : self.shared_vocab_size].argmax())
+                row = logits[0, : self.shared_vocab_size]
+                token = int(row.argmax())
+                if self.confidence_threshold > 0:
+                    confidence = float(row.softmax(-1)[token])
             else:
                 q_i = self._probs(logits[0])  # [target_vocab]
                 token = sample(q_i, self._generator)
                 q_rows.append(q_i)
+                confidence = float(q_i[token])
             tokens.append(token)
+            if self.confidence_threshold > 0 and confidence < self.confidence_threshold:
+                break
             if i < k - 1:
                 logits = self.model.forward(
                     torch.tensor([token], dtype=torch.long), last_n=1).logits

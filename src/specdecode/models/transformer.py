@@ -77,9 +77,12 @@ class Attention(nn.Module):
         end = start + t
         k_cache[:, start:end] = k[0]
         v_cache[:, start:end] = v[0]
+        # A fresh prefill (start 0, no mask given) is plain causal attention, which
+        # lets SDPA skip the masked half instead of reading a [T, T] mask.
+        causal = mask is None and start == 0 and t > 1
         out = F.scaled_dot_product_attention(
-            q, k_cache[None, :, :end], v_cache[None, :, :end],
-            attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads,
+            q, k_cache[None, :, :end], v_cache[None, :, :end], attn_mask=mask,
+            is_causal=causal, enable_gqa=self.num_heads != self.num_kv_heads,
         )  # [1, heads, T, head_dim]
         return self.o_proj(out.transpose(1, 2).reshape(1, t, -1))
 
@@ -240,7 +243,7 @@ class Transformer(nn.Module):
         else:
             cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         mask = None
-        if t > 1 or tree_mask is not None:
+        if tree_mask is not None or (t > 1 and start > 0):
             block = tree_mask if tree_mask is not None else torch.ones(
                 t, t, dtype=torch.bool, device=self.device).tril_()
             mask = torch.cat((torch.ones(t, start, dtype=torch.bool, device=self.device),

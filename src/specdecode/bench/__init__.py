@@ -1,0 +1,1 @@
+"""Benchmarks: workloads, peers (HF transformers), side-by-side runs and reports."""

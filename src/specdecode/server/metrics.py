@@ -1,0 +1,78 @@
+"""Prometheus metrics for the server (one registry per app, served at GET /metrics).
+
+Counters: HTTP requests by route and status, prompt / completion / drafted /
+accepted tokens, generations by outcome. Histograms: acceptance rate and time
+per output token per generation. Gauges: requests waiting for the engine and
+requests in flight (waiting + generating).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from specdecode.stats import SpecStats
+
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/messages",
+          "/health", "/metrics")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("specdecode_requests", "HTTP requests by route and status",
+                                ["route", "status"], registry=r)
+        self.generations = Counter("specdecode_generations",
+                                   "Generations by outcome (finished, cancelled, error)",
+                                   ["outcome"], registry=r)
+        self.prompt_tokens = Counter("specdecode_prompt_tokens", "Prompt tokens processed",
+                                     registry=r)
+        self.completion_tokens = Counter("specdecode_completion_tokens",
+                                         "Tokens generated", registry=r)
+        self.drafted = Counter("specdecode_drafted_tokens", "Draft tokens proposed", registry=r)
+        self.accepted = Counter("specdecode_accepted_tokens", "Draft tokens accepted",
+                                registry=r)
+        self.acceptance = Histogram("specdecode_acceptance_rate",
+                                    "Acceptance rate per generation (generations with drafts)",
+                                    buckets=[i / 10 for i in range(1, 11)], registry=r)
+        self.time_per_token = Histogram(
+            "specdecode_time_per_output_token_seconds",
+            "Decode time per output token per generation (prefill excluded)",
+            buckets=[0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28], registry=r)
+        self.queue_depth = Gauge("specdecode_queue_depth", "Requests waiting for the engine",
+                                 registry=r)
+        self.in_flight = Gauge("specdecode_requests_in_flight",
+                               "Requests waiting or generating", registry=r)
+
+    def watch_queue(self, waiting: Callable[[], float], in_flight: Callable[[], float]) -> None:
+        self.queue_depth.set_function(waiting)
+        self.in_flight.set_function(in_flight)
+
+    def observe_request(self, path: str, status: int) -> None:
+        route = path.rstrip("/") or "/"
+        self.requests.labels(route if route in ROUTES else "other", str(status)).inc()
+
+    def observe_generation(self, outcome: str, prompt_tokens: int, completion_tokens: int,
+                           stats: SpecStats | None) -> None:
+        self.generations.labels(outcome).inc()
+        self.prompt_tokens.inc(prompt_tokens)
+        self.completion_tokens.inc(completion_tokens)
+        if stats is None:
+            return
+        self.drafted.inc(stats.drafted)
+        self.accepted.inc(stats.accepted)
+        if stats.drafted:
+            self.acceptance.observe(stats.acceptance_rate)
+        if stats.emitted and stats.decode_time > 0:
+            self.time_per_token.observe(stats.decode_time / stats.emitted)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
