@@ -50,8 +50,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", choices=["draft-model", "ngram", "none"], default=None,
                    help="how drafts are proposed (default: draft-model if a draft model is "
                         "known, else none)")
-    p.add_argument("-k", "--num-speculative-tokens", type=_non_negative_int, default=8,
-                   help="draft tokens per step (0 = plain decoding)")
+    p.add_argument("-k", "--num-speculative-tokens", type=_non_negative_int, default=None,
+                   help="draft tokens per step (0 = plain decoding; default 8 for a draft "
+                        "model, 16 for n-gram)")
     p.add_argument("--draft-quant", choices=["auto", "int8", "none"], default="auto",
                    help="draft model weights: int8 halves the bytes per draft token "
                         "(auto: int8 on CPU); never changes the output")

@@ -80,7 +80,7 @@ class LLM:
         *,
         draft_model: str | None = None,
         drafter: str | None = None,
-        k: int = 8,
+        k: int | None = None,
         dtype: str = "bfloat16",
         device: str = "cpu",
         max_seq_len: int | None = None,
@@ -91,6 +91,8 @@ class LLM:
     ) -> LLM:
         """Load by registry name or path. `drafter` defaults to draft-model when a
         draft model is given (or the target is a registry pair), else none.
+        k defaults to 8 for a draft model and 16 for n-gram lookup (its drafts cost
+        nothing, and copied text runs long).
 
         draft_quant: "int8" (weight-only, half the bytes per draft token),
         "none", or "auto" (int8 on CPU). It changes only the acceptance rate,
@@ -104,6 +106,8 @@ class LLM:
             draft_model = registry.PAIRS[target][1]
         if drafter is None:
             drafter = "draft-model" if draft_model else "none"
+        if k is None:
+            k = 16 if drafter == "ngram" else 8
         if drafter == "draft-model" and not draft_model:
             raise ValueError("--drafter draft-model needs --draft-model")
         if draft_quant not in ("auto", "int8", "none"):

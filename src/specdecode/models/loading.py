@@ -94,8 +94,7 @@ def build(
         raise UnsupportedModel(
             f"weights do not fit the {cfg.arch} layout: missing {sorted(missing)[:4]}, "
             f"unexpected {sorted(unexpected)[:4]}")
-    # Copy out of the memory-mapped file: anonymous memory streams a little faster.
-    state = {k: v.to(device=device, dtype=dtype, copy=True) for k, v in state.items()}
+    state = {k: v.to(device=device, dtype=dtype) for k, v in state.items()}
     model.load_state_dict(state, assign=True, strict=False)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
