@@ -23,16 +23,16 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, path: str | Path) -> Tokenizer:
         from transformers import AutoTokenizer
-        from transformers.utils import logging
 
         path = Path(path)
-        logging.set_verbosity_error()
+        _quiet_transformers()
         return cls(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name))
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> Tokenizer:
         from transformers import AutoTokenizer
 
+        _quiet_transformers()
         return cls(AutoTokenizer.from_pretrained(str(folder)))
 
     def save(self, folder: str | Path) -> None:
@@ -69,6 +69,12 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=True)
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
 
 
 def find_stop(text: str, stops: Sequence[str], start: int = 0) -> int:

@@ -207,8 +207,13 @@ def _converted_dir(path: Path, dtype: torch.dtype) -> Path:
 def _load_gguf_cached(path: Path, dtype: torch.dtype):
     folder = _converted_dir(path, dtype)
     done = folder / "DONE"
+    # Our config is not an HF config.json: transformers would read it when loading
+    # the tokenizer from this folder (and warn about a Mistral regex).
+    config_file = folder / "specdecode_config.json"
+    if done.exists() and (folder / "config.json").exists() and not config_file.exists():
+        (folder / "config.json").rename(config_file)  # caches written before the rename
     if done.exists():
-        cfg_dict = json.loads((folder / "config.json").read_text())
+        cfg_dict = json.loads(config_file.read_text())
         cfg_dict["eos_token_ids"] = tuple(cfg_dict["eos_token_ids"])
         cfg = ModelConfig(**cfg_dict)
         state = load_file(folder / "model.safetensors")
@@ -217,7 +222,7 @@ def _load_gguf_cached(path: Path, dtype: torch.dtype):
     tokenizer = Tokenizer.from_gguf(path)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(state, folder / "model.safetensors")
-    (folder / "config.json").write_text(json.dumps(asdict(cfg), indent=1))
+    config_file.write_text(json.dumps(asdict(cfg), indent=1))
     tokenizer.save(folder)
     done.write_text("ok\n")
     return cfg, state, tokenizer, False
