@@ -227,19 +227,13 @@ def run_and_report(llm, prompt_ids, params, seed, compare_plain: bool, as_json: 
 
 
 def _stream_to_stdout(llm, prompt_ids, params, seed, speculative):
-    import time
-
-    from specdecode.llm import TextResult
-
-    start, parts, ids = time.perf_counter(), [], []
-    for chunk in llm.stream(prompt_ids, params, seed, speculative):
-        sys.stdout.write(chunk.text)
+    def write(text: str) -> None:
+        sys.stdout.write(text)
         sys.stdout.flush()
-        parts.append(chunk.text)
-        ids += chunk.token_ids
+
+    result = llm.generate(prompt_ids, params, seed, speculative, on_text=write)
     sys.stdout.write("\n")
-    return TextResult("".join(parts), ids, chunk.finish_reason or "length", chunk.stats,
-                      len(prompt_ids), time.perf_counter() - start)
+    return result
 
 
 def served_model_name(target: str) -> str:

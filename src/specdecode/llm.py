@@ -8,7 +8,7 @@ stop strings, and run plain decoding of the same request for comparison.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from specdecode.drafters import DraftModelDrafter, NgramDrafter, VocabularyMismatch
@@ -171,10 +171,14 @@ class LLM:
         params: SamplingParams,
         seed: int | None = None,
         speculative: bool = True,
+        on_text: Callable[[str], None] | None = None,
     ) -> TextResult:
+        """Generate to a stop; `on_text` sees each safe-to-show text delta as it comes."""
         start = time.perf_counter()
         parts, ids = [], []
         for chunk in self.stream(prompt_ids, params, seed, speculative):
+            if on_text is not None:
+                on_text(chunk.text)
             parts.append(chunk.text)
             ids += chunk.token_ids
         return TextResult("".join(parts), ids, chunk.finish_reason or "length", chunk.stats,

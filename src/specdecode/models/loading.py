@@ -195,7 +195,7 @@ def read_gguf(path: Path, dtype: torch.dtype, progress: bool = True):
         elif cfg.arch in ("llama", "mistral") and name.endswith(("k_proj.weight", "k_proj.bias")):
             w = _unpermute_rope(w, cfg.num_kv_heads)
         state[name] = w.to(dtype).contiguous()
-    return cfg, state, reader
+    return cfg, state
 
 
 def _converted_dir(path: Path, dtype: torch.dtype) -> Path:
@@ -218,7 +218,7 @@ def _load_gguf_cached(path: Path, dtype: torch.dtype):
         cfg = ModelConfig(**cfg_dict)
         state = load_file(folder / "model.safetensors")
         return cfg, state, Tokenizer.from_folder(folder), True
-    cfg, state, _ = read_gguf(path, dtype)
+    cfg, state = read_gguf(path, dtype)
     tokenizer = Tokenizer.from_gguf(path)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(state, folder / "model.safetensors")

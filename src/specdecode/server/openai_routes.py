@@ -174,19 +174,8 @@ async def chat_completions(req: ChatRequest, request: Request):
     messages = [{"role": "system" if m.role == "developer" else m.role,
                  "content": _message_text(m, i)} for i, m in enumerate(req.messages)]
     ids = await ctx.encode_chat(messages)
-    params = _params(ctx, req, ids, req.max_completion_tokens or req.max_tokens)
-    job = ctx.submit(ids, params, req.seed)
-    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        events = _stream(ctx, job, len(ids), rid, created, "chat.completion.chunk", include_usage)
-        return EventStream(events, on_close=lambda: ctx.worker.cancel(job))
-    out = await complete(ctx, job, request.receive)
-    return {"id": rid, "object": "chat.completion", "created": created, "model": ctx.model_name,
-            "system_fingerprint": None,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text},
-                         "logprobs": None, "finish_reason": out.finish_reason}],
-            "usage": _usage(ctx, len(ids), out)}
+    return await _respond(ctx, req, request, ids, req.max_completion_tokens or req.max_tokens,
+                          chat=True)
 
 
 @router.post("/v1/completions")
@@ -204,19 +193,28 @@ async def completions(req: CompletionRequest, request: Request):
         ids = await ctx.encode_text(prompt)
     else:
         ids = ctx.check_prompt(prompt, "prompt")
-    params = _params(ctx, req, ids, req.max_tokens)
-    job = ctx.submit(ids, params, req.seed)
-    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    return await _respond(ctx, req, request, ids, req.max_tokens, chat=False)
+
+
+async def _respond(ctx: ServerContext, req: SamplingFields, request: Request, ids: list[int],
+                   max_tokens: int | None, chat: bool):
+    """Queue the job; answer as an SSE stream or one JSON body (chat or completion shape)."""
+    job = ctx.submit(ids, _params(ctx, req, ids, max_tokens), req.seed)
+    prefix, obj, chunk_obj = (("chatcmpl", "chat.completion", "chat.completion.chunk") if chat
+                              else ("cmpl", "text_completion", "text_completion"))
+    rid, created = f"{prefix}-{uuid.uuid4().hex}", int(time.time())
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        events = _stream(ctx, job, len(ids), rid, created, "text_completion", include_usage)
+        events = _stream(ctx, job, len(ids), rid, created, chunk_obj, include_usage)
         return EventStream(events, on_close=lambda: ctx.worker.cancel(job))
     out = await complete(ctx, job, request.receive)
-    return {"id": rid, "object": "text_completion", "created": created, "model": ctx.model_name,
-            "system_fingerprint": None,
-            "choices": [{"index": 0, "text": out.text, "logprobs": None,
-                         "finish_reason": out.finish_reason}],
-            "usage": _usage(ctx, len(ids), out)}
+    choice = {"index": 0, "logprobs": None, "finish_reason": out.finish_reason}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": out.text}
+    else:
+        choice["text"] = out.text
+    return {"id": rid, "object": obj, "created": created, "model": ctx.model_name,
+            "system_fingerprint": None, "choices": [choice], "usage": _usage(ctx, len(ids), out)}
 
 
 async def _stream(ctx: ServerContext, job: Job, prompt_tokens: int, rid: str, created: int,
