@@ -1,4 +1,4 @@
-"""`specdecode` command line: pull, models, generate, demo, serve.
+"""`specdecode` command line: pull, models, generate, demo, serve, bench, advise.
 
 Flags mirror vLLM / llama.cpp where they exist. Bad input exits with status 2
 and one line on stderr (`specdecode: error: ...`), never a traceback (set
@@ -65,6 +65,11 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--max-context", type=_positive_int, default=None,
                    help="KV cache size in tokens (default: min(model context, 8192))")
+    p.add_argument("--backend", choices=["auto", "torch", "llama.cpp"], default="auto",
+                   help="llama.cpp: GGUF files on CPU with their own quantised weights "
+                        "(pip install 'specdecode[cpu]'); torch: the PyTorch model, any "
+                        "device, --dtype applies; auto (default): llama.cpp for GGUF on CPU "
+                        "when installed, else torch")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -118,6 +123,10 @@ def build_parser() -> Parser:
                    help="the model name clients send (default: the target's name)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
                    default="info")
+
+    from specdecode.bench import cli as bench_cli
+
+    bench_cli.add_parsers(sub, _positive_int)
     return parser
 
 
@@ -191,7 +200,7 @@ def cmd_generate(args) -> int:
                    k=args.num_speculative_tokens, dtype=args.dtype, device=args.device,
                    max_seq_len=args.max_context, ngram_max=args.ngram_max,
                    ngram_min=args.ngram_min, draft_quant=args.draft_quant,
-                   draft_confidence=args.draft_confidence)
+                   draft_confidence=args.draft_confidence, backend=args.backend)
     prompt_ids = llm.encode(args.prompt, messages, chat=args.chat)
     return run_and_report(llm, prompt_ids, params, args.seed, args.compare_plain, args.json)
 
@@ -258,7 +267,7 @@ def cmd_serve(args) -> int:
                    k=args.num_speculative_tokens, dtype=args.dtype, device=args.device,
                    max_seq_len=args.max_context, ngram_max=args.ngram_max,
                    ngram_min=args.ngram_min, draft_quant=args.draft_quant,
-                   draft_confidence=args.draft_confidence)
+                   draft_confidence=args.draft_confidence, backend=args.backend)
     serve(llm, host=args.host, port=args.port, api_key=args.api_key or None,
           max_queue=args.max_queue,
           model_name=args.served_model_name or served_model_name(args.target),
@@ -266,8 +275,20 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from specdecode.bench.cli import cmd_bench as run
+
+    return run(args)
+
+
+def cmd_advise(args) -> int:
+    from specdecode.bench.cli import cmd_advise as run
+
+    return run(args)
+
+
 COMMANDS = {"pull": cmd_pull, "models": cmd_models, "generate": cmd_generate, "demo": cmd_demo,
-            "serve": cmd_serve}
+            "serve": cmd_serve, "bench": cmd_bench, "advise": cmd_advise}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -10,17 +10,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from specdecode.drafters import DraftModelDrafter, NgramDrafter, VocabularyMismatch
 from specdecode.drafters.base import Drafter
 from specdecode.engine import SpeculativeDecoder
+from specdecode.models import quant
 from specdecode.models.base import CausalLM
+from specdecode.models.loading import Loaded
 from specdecode.models.quant import quantize_int8
 from specdecode.sampling import SamplingParams
 from specdecode.stats import SpecStats
 from specdecode.text import StopStrings, TextStream, Tokenizer
 
 DRAFTERS = ("draft-model", "ngram", "none")
+BACKENDS = ("auto", "torch", "llama.cpp")
 
 
 @dataclass
@@ -50,6 +54,7 @@ class LoadInfo:
     target: str
     draft: str | None = None
     drafter: str = "none"
+    backend: str = "torch"
     seconds: dict[str, float] = field(default_factory=dict)
     from_cache: dict[str, bool] = field(default_factory=dict)
 
@@ -88,6 +93,7 @@ class LLM:
         ngram_min: int = 1,
         draft_quant: str = "auto",
         draft_confidence: float = 0.3,
+        backend: str = "auto",
     ) -> LLM:
         """Load by registry name or path. `drafter` defaults to draft-model when a
         draft model is given (or the target is a registry pair), else none.
@@ -95,10 +101,15 @@ class LLM:
         nothing, and copied text runs long).
 
         draft_quant: "int8" (weight-only, half the bytes per draft token),
-        "none", or "auto" (int8 on CPU). It changes only the acceptance rate,
+        "none", or "auto" (int8 on CPU in bf16/fp16). It changes only the acceptance rate,
         never the output. draft_confidence: stop a draft after a token the draft
-        model gave less than this probability (0 = always draft k)."""
-        from specdecode.models import loading, registry
+        model gave less than this probability (0 = always draft k).
+
+        backend: "torch" (the native PyTorch model: any device, `dtype` applies),
+        "llama.cpp" (GGUF files on CPU through llama-cpp-python, the GGUF's own
+        quantised weights; `dtype` and `draft_quant` do not apply), or "auto"
+        (torch for now; see `choose_backend`). Chosen per model."""
+        from specdecode.models import registry
 
         if drafter is not None and drafter not in DRAFTERS:
             raise ValueError(f"unknown drafter '{drafter}'; choose one of {', '.join(DRAFTERS)}")
@@ -113,20 +124,28 @@ class LLM:
         if draft_quant not in ("auto", "int8", "none"):
             raise ValueError(f"unknown draft quantisation '{draft_quant}'; choose auto, int8, none")
         if draft_quant == "auto":
-            draft_quant = "int8" if str(device).startswith("cpu") else "none"
+            draft_quant = "int8" if quant.worth_it(device, dtype) else "none"
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend '{backend}'; choose one of {', '.join(BACKENDS)}")
         target_path = registry.resolve(target)
         draft_path = registry.resolve(draft_model) if drafter == "draft-model" else None
 
-        info = LoadInfo(target=str(target_path), drafter=drafter)
-        t = loading.load(target_path, dtype=dtype, device=device, max_seq_len=max_seq_len)
+        target_backend = choose_backend(backend, target_path, device)
+        info = LoadInfo(target=str(target_path), drafter=drafter, backend=target_backend)
+        t = load_model(target_path, target_backend, dtype=dtype, device=device,
+                       max_seq_len=max_seq_len)
         info.seconds["target"], info.from_cache["target"] = t.load_seconds, t.from_cache
         proposer: Drafter | None = None
         if drafter == "draft-model":
-            d = loading.load(draft_path, dtype=dtype, device=device,
-                             max_seq_len=t.model.max_seq_len)
-            if draft_quant == "int8":
-                quantize_int8(d.model)
-            info.draft = f"{draft_path} ({draft_quant if draft_quant != 'none' else dtype})"
+            draft_backend = choose_backend(backend, draft_path, device)
+            d = load_model(draft_path, draft_backend, dtype=dtype, device=device,
+                           max_seq_len=t.model.max_seq_len)
+            if draft_backend == "llama.cpp":
+                info.draft = f"{draft_path} (llama.cpp, GGUF weights)"
+            else:
+                if draft_quant == "int8":
+                    quantize_int8(d.model)
+                info.draft = f"{draft_path} ({draft_quant if draft_quant != 'none' else dtype})"
             info.seconds["draft"], info.from_cache["draft"] = d.load_seconds, d.from_cache
             proposer = make_draft_model_drafter(d.model, d.tokenizer, t.model, t.tokenizer,
                                                 confidence_threshold=draft_confidence)
@@ -183,6 +202,43 @@ class LLM:
             ids += chunk.token_ids
         return TextResult("".join(parts), ids, chunk.finish_reason or "length", chunk.stats,
                           len(prompt_ids), time.perf_counter() - start)
+
+
+def choose_backend(backend: str, path: Path, device: str) -> str:
+    """"torch" or "llama.cpp" for one model file/folder (see `LLM.load`)."""
+    from specdecode.models import llama_cpp
+
+    gguf, cpu = path.is_file() and path.suffix == ".gguf", str(device).startswith("cpu")
+    if backend == "auto":
+        # torch until llama.cpp is both exact and fast here: its verification batches of
+        # 8+ tokens run other kernels than one-token steps (greedy output can change),
+        # and the AMX-less fallback this VM needs is slower than the torch path.
+        return "torch"
+    if backend == "llama.cpp":
+        if not gguf:
+            raise ValueError(f"the llama.cpp backend runs GGUF files; {path} is not one")
+        if not cpu:
+            raise ValueError(f"the llama.cpp backend runs on cpu only, not {device}")
+        if not llama_cpp.available():
+            raise ValueError("the llama.cpp backend needs llama-cpp-python: "
+                             "pip install 'specdecode[cpu]'")
+    return backend
+
+
+def load_model(
+    path: Path, backend: str, *, dtype: str, device: str, max_seq_len: int | None
+) -> Loaded:
+    """One model (and its tokenizer) through the chosen backend."""
+    from specdecode.models import loading
+
+    if backend == "torch":
+        return loading.load(path, dtype=dtype, device=device, max_seq_len=max_seq_len)
+    from specdecode.models.llama_cpp import LlamaCppLM
+
+    start = time.perf_counter()
+    model = LlamaCppLM(path, max_seq_len=max_seq_len)
+    tokenizer = loading.load_tokenizer(path)
+    return Loaded(model, tokenizer, path, time.perf_counter() - start, from_cache=True)
 
 
 def make_draft_model_drafter(

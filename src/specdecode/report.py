@@ -28,6 +28,7 @@ def result_dict(llm, result, plain=None) -> dict:
         "target": llm.info.target,
         "draft": llm.info.draft,
         "drafter": llm.info.drafter,
+        "backend": llm.info.backend,
         "k": llm.k,
         "load_seconds": llm.info.seconds,
         **_run_dict(result),

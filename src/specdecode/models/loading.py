@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from specdecode.models.arena import move_to_arena
 from specdecode.models.config import ModelConfig
 from specdecode.models.registry import cache_dir
 from specdecode.models.transformer import Transformer
@@ -82,7 +83,7 @@ def build(
     cfg: ModelConfig, state: dict[str, torch.Tensor], *, dtype: torch.dtype, device: str,
     max_seq_len: int,
 ) -> Transformer:
-    """A Transformer whose parameters are the given tensors (no extra copy on CPU)."""
+    """A Transformer with the given weights (on CPU copied into a huge-page arena)."""
     with torch.device("meta"):
         model = Transformer(cfg, max_seq_len=max_seq_len, dtype=dtype, device="meta")
     expected = set(model.state_dict())
@@ -98,6 +99,8 @@ def build(
     model.load_state_dict(state, assign=True, strict=False)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
+    if torch.device(device).type == "cpu":
+        move_to_arena(model)  # out of the file mapping: ~1.4x faster decoding, see arena.py
     model._allocate_cache()
     return model.eval()
 
@@ -226,6 +229,29 @@ def _load_gguf_cached(path: Path, dtype: torch.dtype):
     tokenizer.save(folder)
     done.write_text("ok\n")
     return cfg, state, tokenizer, False
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """A model's tokenizer alone, without touching its weights (for the llama.cpp backend).
+
+    HF folder: its tokenizer files. GGUF: the tokenizer saved with any converted
+    cache of that file, else read from the GGUF metadata once and cached under
+    $SPECDECODE_CACHE/converted/<name>-tokenizer-v<format>/."""
+    path = Path(path)
+    if path.is_dir():
+        return Tokenizer.from_folder(path)
+    stem = f"{path.stem}-{path.stat().st_size}"
+    own = cache_dir() / "converted" / f"{stem}-tokenizer-v{CONVERTED_FORMAT}"
+    converted = sorted((cache_dir() / "converted").glob(f"{stem}-*-v{CONVERTED_FORMAT}"))
+    for folder in (own, *converted):
+        # A cache written before the config rename holds our config.json: not a tokenizer's.
+        if (folder / "DONE").exists() and not (folder / "config.json").exists():
+            return Tokenizer.from_folder(folder)
+    tokenizer = Tokenizer.from_gguf(path)
+    own.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(own)
+    (own / "DONE").write_text("ok\n")
+    return tokenizer
 
 
 # -- Hugging Face folders ---------------------------------------------------------

@@ -1,0 +1,141 @@
+"""`specdecode bench` and `specdecode advise`: their flags and what they print."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+from specdecode.bench import workloads
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 4,8, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}") from None
+    return values
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers like 0,0.7, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected numbers >= 0, got {text!r}") from None
+    return values
+
+
+def _choice_list(choices: tuple[str, ...]):
+    def parse(text: str) -> list[str]:
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [v for v in values if v not in choices]
+        if bad or not values:
+            raise argparse.ArgumentTypeError(
+                f"unknown value '{bad[0] if bad else text}'; choose from {', '.join(choices)}")
+        return values
+    return parse
+
+
+def _common(p: argparse.ArgumentParser, positive_int) -> None:
+    p.add_argument("--target", "--model", "-m", default="default",
+                   help="registry name or path to a GGUF file / HF folder (default: default)")
+    p.add_argument("--draft-model", "-md", default=None,
+                   help="draft model (default: the pair's draft)")
+    p.add_argument("--workload", "-w", action="append", default=None, dest="workloads",
+                   help=f"{', '.join(workloads.NAMES)} or a .jsonl file (repeatable)")
+    p.add_argument("--limit", type=positive_int, default=None, help="prompts per workload")
+    p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--backend", choices=["torch", "llama.cpp"], default="torch",
+                   help="what runs the models (llama.cpp: GGUF files on CPU, pip install "
+                        "-e '.[cpu]')")
+    p.add_argument("--draft-quant", choices=["auto", "int8", "none"], default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
+
+def add_parsers(sub, positive_int) -> None:
+    p = sub.add_parser("bench", help="benchmark plain, drafters and peers side by side")
+    _common(p, positive_int)
+    p.add_argument("--max-tokens", "-n", type=positive_int, default=128)
+    p.add_argument("--drafters", type=_choice_list(("draft-model", "ngram")),
+                   default=["draft-model", "ngram"], help="comma-separated (default: both)")
+    p.add_argument("-k", "--num-speculative-tokens", type=_int_list, default=[8],
+                   dest="draft_k", help="k values for the draft model, e.g. 4,8 (default 8)")
+    p.add_argument("--ngram-k", type=_int_list, default=[16],
+                   help="k values for n-gram lookup (default 16)")
+    p.add_argument("--temperatures", type=_float_list, default=[0.0, 0.7],
+                   help="comma-separated (default 0,0.7)")
+    p.add_argument("--peers", type=_choice_list(("hf", "none")), default=["hf"],
+                   help="hf (transformers plain / assisted / prompt lookup) or none")
+    p.add_argument("--prompt-lookup-k", type=positive_int, default=10,
+                   help="HF prompt_lookup_num_tokens (default 10)")
+    p.add_argument("--draft-confidence", type=float, default=0.3)
+    p.add_argument("--repeats", type=positive_int, default=1)
+    p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("--out", default="specdecode-bench",
+                   help="writes OUT.json, OUT.md and OUT-*.png (default: specdecode-bench)")
+    p.add_argument("--no-plots", action="store_true")
+
+    p = sub.add_parser("advise", help="measure costs and acceptance; recommend drafter and k")
+    _common(p, positive_int)
+    p.add_argument("--max-tokens", "-n", type=positive_int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-draft-k", type=positive_int, default=12)
+    p.add_argument("--max-ngram-k", type=positive_int, default=24)
+
+
+def _check_workloads(names: list[str], limit: int | None) -> None:
+    for name in names:  # fail on a bad workload before loading any model
+        workloads.load(name, limit)
+
+
+def cmd_bench(args) -> int:
+    from specdecode.bench import report
+    from specdecode.bench.runner import BenchOptions, run
+
+    names = args.workloads or ["humaneval", "code-edit"]
+    _check_workloads(names, args.limit)
+    options = BenchOptions(
+        target=args.target, draft_model=args.draft_model, workloads=names, limit=args.limit,
+        max_tokens=args.max_tokens, drafters=args.drafters, draft_k=args.draft_k,
+        ngram_k=args.ngram_k, temperatures=args.temperatures, dtype=args.dtype,
+        device=args.device, backend=args.backend,
+        peers=[p for p in args.peers if p != "none"],
+        repeats=args.repeats, warmup=not args.no_warmup, draft_quant=args.draft_quant,
+        draft_confidence=args.draft_confidence, prompt_lookup_k=args.prompt_lookup_k,
+        seed=args.seed)
+    result = run(options, progress=not args.json)
+    command = "specdecode " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    paths = report.write(result, args.out, command=command, plot=not args.no_plots)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        report.print_table(result)
+        print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
+    return 0
+
+
+def cmd_advise(args) -> int:
+    from specdecode.bench.advise import AdviseOptions, advise, print_advice
+
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    names = args.workloads or ["humaneval"]
+    _check_workloads(names, args.limit)
+    options = AdviseOptions(
+        target=args.target, draft_model=args.draft_model, workloads=names,
+        limit=args.limit or 2, max_tokens=args.max_tokens, temperature=args.temperature,
+        max_draft_k=args.max_draft_k, max_ngram_k=args.max_ngram_k, dtype=args.dtype,
+        device=args.device, backend=args.backend, draft_quant=args.draft_quant, seed=args.seed)
+    result = advise(options)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_advice(result)
+    return 0

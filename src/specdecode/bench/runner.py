@@ -1,0 +1,287 @@
+"""The side-by-side runner: every configuration on every prompt, interleaved.
+
+One process, one set of weights. For each repeat, prompt and temperature,
+every configuration runs in turn (plain, drafters at each k, peers), after a
+warm-up of each; so slow drift of the machine hits all configurations alike.
+Each run records its output ids, wall time (prefill included) and, for
+specdecode, its SpecStats; `summary.summarise` turns the rows into medians,
+speedups, costs and exact-match rates.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from specdecode.bench import hf_peer, workloads
+from specdecode.bench.summary import margin_at_divergence, summarise
+from specdecode.drafters import NgramDrafter
+from specdecode.llm import LLM, make_draft_model_drafter
+from specdecode.sampling import SamplingParams
+
+SCHEMA = "specdecode.bench/1"
+
+
+@dataclass(frozen=True)
+class Config:
+    """One way of decoding. engine: specdecode | hf; method: plain | draft-model | ngram |
+    assisted | prompt-lookup; k: draft tokens per step (0 for plain)."""
+
+    engine: str
+    method: str
+    k: int = 0
+
+    @property
+    def label(self) -> str:
+        name = "specdecode" if self.engine == "specdecode" else "HF"
+        return f"{name} {self.method}" + (f" k={self.k}" if self.k else "")
+
+    @property
+    def plain_label(self) -> str:
+        """The plain configuration this one's speedup and exactness are measured against."""
+        return Config(self.engine, "plain").label
+
+
+@dataclass
+class BenchOptions:
+    target: str = "default"
+    draft_model: str | None = None
+    workloads: list[str] = field(default_factory=lambda: ["humaneval", "code-edit"])
+    limit: int | None = None
+    max_tokens: int = 128
+    drafters: list[str] = field(default_factory=lambda: ["draft-model", "ngram"])
+    draft_k: list[int] = field(default_factory=lambda: [8])
+    ngram_k: list[int] = field(default_factory=lambda: [16])
+    temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7])
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    backend: str = "torch"  # torch | llama.cpp (GGUF on CPU)
+    peers: list[str] = field(default_factory=lambda: ["hf"])
+    repeats: int = 1
+    warmup: bool = True
+    draft_quant: str = "auto"
+    draft_confidence: float = 0.3
+    prompt_lookup_k: int = 10
+    seed: int = 0
+
+
+@dataclass
+class Models:
+    """What a bench runs on; `load` builds it from registry names or paths."""
+
+    llms: dict[str, LLM]  # specdecode configurations by label
+    target_path: Path | None = None
+    draft_path: Path | None = None
+    memory: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def plain(self) -> LLM:
+        return self.llms[Config("specdecode", "plain").label]
+
+
+def tensor_bytes(model) -> int:
+    """Bytes of a torch model's weights, buffers and KV cache (shared tensors once)."""
+    seen, total = set(), 0
+    tensors = [*model.parameters(), *model.buffers(), *getattr(model, "k_cache", []),
+               *getattr(model, "v_cache", [])]
+    for t in tensors:
+        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def specdecode_configs(options: BenchOptions, has_draft: bool) -> list[Config]:
+    configs = [Config("specdecode", "plain")]
+    if "draft-model" in options.drafters and has_draft:
+        configs += [Config("specdecode", "draft-model", k) for k in options.draft_k]
+    if "ngram" in options.drafters:
+        configs += [Config("specdecode", "ngram", k) for k in options.ngram_k]
+    return configs
+
+
+def load_models(options: BenchOptions) -> Models:
+    from specdecode.llm import choose_backend, load_model
+    from specdecode.models import registry
+    from specdecode.models.quant import quantize_int8, worth_it
+
+    if options.draft_model is None and options.target in registry.PAIRS:
+        options.draft_model = registry.PAIRS[options.target][1]
+    want_draft = "draft-model" in options.drafters and options.draft_model
+    target_path = registry.resolve(options.target)
+    draft_path = registry.resolve(options.draft_model) if want_draft else None
+
+    def load(path, max_seq_len=None):
+        backend = choose_backend(options.backend, path, options.device)
+        return load_model(path, backend, dtype=options.dtype, device=options.device,
+                          max_seq_len=max_seq_len), backend
+
+    t, _ = load(target_path)
+    memory = {"target": model_bytes(t.model, target_path)}
+    draft = None
+    if draft_path is not None:
+        d, backend = load(draft_path, t.model.max_seq_len)
+        quant = options.draft_quant
+        if backend == "torch" and (quant == "int8" or (
+                quant == "auto" and worth_it(options.device, options.dtype))):
+            quantize_int8(d.model)
+        memory["draft"] = model_bytes(d.model, draft_path)
+        draft = make_draft_model_drafter(d.model, d.tokenizer, t.model, t.tokenizer,
+                                         confidence_threshold=options.draft_confidence)
+    return Models(build_llms(options, t.model, t.tokenizer, draft), target_path, draft_path,
+                  memory)
+
+
+def model_bytes(model, path: Path) -> int:
+    """Weights + KV cache of a torch model; the GGUF file's size for other backends."""
+    return tensor_bytes(model) if isinstance(model, torch.nn.Module) else path.stat().st_size
+
+
+def build_llms(options: BenchOptions, target, tokenizer, draft_drafter) -> dict[str, LLM]:
+    """One LLM per specdecode configuration; the draft-model drafter (and its KV cache) is
+    shared between k values, which run one at a time."""
+    llms = {}
+    for c in specdecode_configs(options, draft_drafter is not None):
+        drafter = {"plain": None, "draft-model": draft_drafter,
+                   "ngram": NgramDrafter(max_n=3, min_n=1)}[c.method]
+        llms[c.label] = LLM(target, tokenizer, drafter, c.k)
+    return llms
+
+
+def machine(options: BenchOptions) -> dict:
+    cpu = platform.processor() or "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "dtype": options.dtype, "device": options.device, "backend": options.backend}
+
+
+class Bench:
+    """Runs the configurations of `options` on `models`, interleaved; see the module doc."""
+
+    def __init__(self, options: BenchOptions, models: Models) -> None:
+        self.options, self.models = options, models
+        self.notes: list[str] = []
+        self.configs = [c for c in specdecode_configs(options, has_draft=True)
+                        if c.label in models.llms]
+        self.peer = self._load_peers()
+
+    def _load_peers(self):
+        o = self.options
+        if "hf" not in o.peers:
+            return None
+        if not hf_peer.available():
+            self.notes.append("HF transformers peer skipped: transformers/accelerate not "
+                              "installed (pip install -e '.[bench]')")
+            return None
+        if self.models.target_path is None:
+            self.notes.append("HF transformers peer skipped: no model file to load it from")
+            return None
+        try:
+            peer = hf_peer.Peer.load(self.models.target_path, self.models.draft_path, o.dtype,
+                                     self.models.plain.decoder.eos_token_ids)
+        except Exception as e:  # a peer that cannot load is a note, not a failure
+            self.notes.append(f"HF transformers peer skipped: {type(e).__name__}: {e}")
+            return None
+        self.models.memory["hf_target"] = peer.target_bytes
+        if peer.draft is not None:
+            self.models.memory["hf_draft"] = peer.draft_bytes
+        self.configs.append(Config("hf", "plain"))
+        if peer.draft is not None:
+            self.configs.append(Config("hf", "assisted", 0))
+        if "ngram" in o.drafters:
+            self.configs.append(Config("hf", "prompt-lookup", o.prompt_lookup_k))
+        return peer
+
+    def run_one(self, config: Config, ids: list[int], temperature: float, seed: int,
+                max_tokens: int) -> dict:
+        params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
+        if config.engine == "specdecode":
+            r = self.models.llms[config.label].generate(ids, params, seed=seed)
+            s = r.stats
+            return {"token_ids": r.token_ids, "finish_reason": r.finish_reason,
+                    "seconds": r.seconds, "prefill_seconds": s.prefill_time,
+                    "stats": {**s.to_dict(), "position_tried": s.position_tried,
+                              "position_accepted": s.position_accepted}}
+        r = self.peer.generate(ids, config.method, max_tokens, temperature, seed,
+                               prompt_lookup=config.k)
+        return {"token_ids": r.token_ids, "finish_reason": r.finish_reason,
+                "seconds": r.seconds}
+
+    def run(self, progress: bool = True) -> dict:
+        o = self.options
+        tok = self.models.plain.tokenizer
+        prompts = [p for w in o.workloads for p in workloads.load(w, o.limit)]
+        total = o.repeats * len(prompts) * len(o.temperatures) * len(self.configs)
+        rows: list[dict] = []
+        from rich.progress import Progress
+
+        with Progress(disable=not progress, transient=False) as bar:
+            task = bar.add_task("warm-up", total=total)
+            if o.warmup:
+                warm = workloads.Prompt("warm-up", "warm-up", (
+                    {"role": "user", "content": "Say hello in one short sentence."},)).ids(tok)
+                for c in self.configs:
+                    for t in o.temperatures:
+                        self.run_one(c, warm, t, o.seed, 8)
+            for repeat in range(o.repeats):
+                for i, prompt in enumerate(prompts):
+                    ids = prompt.ids(tok)
+                    for temperature in o.temperatures:
+                        for c in self.configs:
+                            bar.update(task, description=f"{prompt.name} T={temperature} "
+                                                         f"{c.label}")
+                            row = self.run_one(c, ids, temperature,
+                                               o.seed + 1000 * repeat + i, o.max_tokens)
+                            n = len(row["token_ids"])
+                            row.update(workload=prompt.workload, prompt=prompt.name,
+                                       temperature=temperature, repeat=repeat,
+                                       config=c.label, engine=c.engine, method=c.method,
+                                       k=c.k, prompt_tokens=len(ids), new_tokens=n,
+                                       tokens_per_second=n / row["seconds"])
+                            rows.append(row)
+                            bar.advance(task)
+                            if progress and not bar.console.is_terminal:  # a log, not a bar
+                                bar.console.print(f"{prompt.name} T={temperature:g} "
+                                                  f"{c.label}: {n} tokens, "
+                                                  f"{row['tokens_per_second']:.2f} tok/s")
+        self._margins(rows, prompts)
+        self.models.memory["peak_rss"] = resource.getrusage(
+            resource.RUSAGE_SELF).ru_maxrss * 1024
+        return {"schema": SCHEMA, "date": time.strftime("%Y-%m-%d %H:%M"),
+                "machine": machine(o), "options": asdict(o),
+                "configs": [c.label for c in self.configs], "memory": self.models.memory,
+                "notes": self.notes, "summary": summarise(rows, self.configs),
+                "runs": rows}
+
+    def _margins(self, rows: list[dict], prompts: list) -> None:
+        """At T=0: first divergence from the engine's plain output and the target's top-2
+        logit margin there (a near-tie, or a bug)."""
+        tok, target = self.models.plain.tokenizer, self.models.plain.target
+        ids_of = {p.name: p.ids(tok) for p in prompts}
+        plain = {(r["prompt"], r["repeat"], r["engine"]): r["token_ids"] for r in rows
+                 if r["method"] == "plain" and r["temperature"] == 0}
+        for r in rows:
+            ref = plain.get((r["prompt"], r["repeat"], r["engine"]))
+            if r["temperature"] != 0 or r["method"] == "plain" or ref is None:
+                continue
+            r["divergence"] = margin_at_divergence(target, ids_of[r["prompt"]], ref,
+                                                   r["token_ids"])
+
+
+def run(options: BenchOptions, models: Models | None = None, progress: bool = True) -> dict:
+    """Load (unless given) and run a benchmark; returns the JSON-ready result."""
+    return Bench(options, models or load_models(options)).run(progress)

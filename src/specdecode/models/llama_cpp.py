@@ -1,0 +1,241 @@
+"""A `CausalLM` over llama.cpp (llama-cpp-python's low-level ctypes API): fast GGUF on CPU.
+
+One `LlamaCppLM` owns one llama.cpp model and one context (KV cache, sequence 0);
+a draft model is a second instance with its own context. The GGUF's own
+quantised weights are used as they are (nothing is dequantised).
+
+- forward: one `llama_decode` batch per up to `n_batch` new tokens, at
+  positions cached_len.., with outputs requested only for the last `last_n`
+  positions; their logits are copied out as a float32 torch tensor.
+- rollback: `llama_memory_seq_rm(mem, 0, length, -1)` forgets positions >= length.
+- return_hidden: the final hidden state after the output norm (llama.cpp's
+  "embeddings" of a generative model), switched on in the context the first
+  time it is asked for.
+- positions / tree_mask: not supported yet (chain verification only).
+
+Exactness: llama.cpp computes a k-token batch with other kernels than a
+1-token step (and quantises activations), so batched logits can differ from
+one-token logits in the last bits; greedy output can then differ from plain
+decoding at a near-tie. llama.cpp's stderr logging is silenced unless
+SPECDECODE_DEBUG is set. Needs `pip install 'specdecode[cpu]'` (llama-cpp-python).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdecode.models.base import ForwardOutput
+
+_backend_ready = False
+_log_callback = None  # the ctypes callback must outlive every llama.cpp call
+
+
+def available() -> bool:
+    """Whether llama-cpp-python can be imported here."""
+    try:
+        import llama_cpp  # noqa: F401
+    except Exception:  # ImportError, or a shared library that fails to load
+        return False
+    return True
+
+
+def _lib():
+    """The low-level bindings, initialised once (backend, quiet logging)."""
+    global _backend_ready, _log_callback
+    from llama_cpp import llama_cpp as lib
+
+    if not _backend_ready:
+        if not os.environ.get("SPECDECODE_DEBUG"):
+            _log_callback = lib.llama_log_callback(lambda level, text, data: None)
+            lib.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        lib.llama_backend_init()
+        _backend_ready = True
+    return lib
+
+
+def default_threads() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class LlamaCppLM:
+    """A GGUF model run by llama.cpp on CPU, with one rollback-able sequence (batch 1)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        max_seq_len: int | None = None,
+        n_threads: int | None = None,
+        n_threads_batch: int | None = None,
+        n_batch: int = 512,
+        flash_attn: bool | None = None,
+        extra_bufts: bool | None = None,
+    ) -> None:
+        """path: a GGUF file. max_seq_len: context size in tokens (default: the
+        model's training context, at most 8192). n_threads: threads for 1-token
+        steps, n_threads_batch: for batches (default: all CPUs available).
+        n_batch: most tokens per llama_decode call (longer inputs are split).
+        flash_attn: True/False, or None for llama.cpp's automatic choice.
+        extra_bufts: let llama.cpp repack weights into its extra CPU layouts
+        (repacked Q4_0/Q4_K/IQ4_NL, AMX). None: on unless the library was built
+        with AMX kernels (a wheel compiled on an AMX machine), whose matmul crashed
+        with a general protection fault in a VM here; turning them off also loses
+        the repacked layouts (slower)."""
+        lib = self._lib = _lib()
+        self._model = self._ctx = self._batch = None
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no such GGUF file: {path}")
+        mparams = lib.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        if extra_bufts is None:
+            extra_bufts = b"AMX_INT8 = 1" not in lib.llama_print_system_info()
+        mparams.use_extra_bufts = extra_bufts
+        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise RuntimeError(f"llama.cpp could not load {path} (set SPECDECODE_DEBUG=1 "
+                               "to see its log)")
+        vocab = lib.llama_model_get_vocab(self._model)
+        self.vocab_size: int = lib.llama_vocab_n_tokens(vocab)
+        self.hidden_size: int = lib.llama_model_n_embd(self._model)
+        eos = lib.llama_vocab_eos(vocab)
+        self.eos_token_ids: tuple[int, ...] = () if eos < 0 else (int(eos),)
+        if max_seq_len is None:
+            max_seq_len = min(lib.llama_model_n_ctx_train(self._model), 8192)
+        self.max_seq_len: int = max_seq_len
+        self.n_threads = n_threads or default_threads()
+        self.n_threads_batch = n_threads_batch or self.n_threads
+        self.n_batch = min(n_batch, max_seq_len)
+
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = max_seq_len
+        cparams.n_batch = cparams.n_ubatch = self.n_batch
+        cparams.n_seq_max = 1
+        cparams.n_threads, cparams.n_threads_batch = self.n_threads, self.n_threads_batch
+        cparams.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn is None else
+                                   int(bool(flash_attn)))  # DISABLED = 0, ENABLED = 1
+        cparams.no_perf = True
+        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            raise RuntimeError(f"llama.cpp could not create a context of {max_seq_len} tokens")
+        self._memory = lib.llama_get_memory(self._ctx)
+        self._embeddings = False
+        self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
+        b, n = self._batch, self.n_batch
+        for i in range(n):
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+        self._tokens = np.ctypeslib.as_array(b.token, shape=(n,))  # views of the batch
+        self._pos = np.ctypeslib.as_array(b.pos, shape=(n,))
+        self._want = np.ctypeslib.as_array(b.logits, shape=(n,))
+        self._len = 0
+        self.path = path
+
+    # -- CausalLM -------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32  # of the logits; the weights keep the GGUF's quantisation
+
+    @property
+    def cached_len(self) -> int:
+        return self._len
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self._len:
+            raise ValueError(f"cannot roll back to {length}: cache holds {self._len} tokens")
+        if length < self._len and not self._lib.llama_memory_seq_rm(self._memory, 0, length, -1):
+            raise RuntimeError(f"llama.cpp could not roll its cache back to {length} tokens")
+        self._len = length
+
+    def prefill(self, ids: torch.Tensor) -> ForwardOutput:  # ids: [T] int64
+        self.rollback(0)
+        return self.forward(ids, last_n=1)
+
+    def forward(
+        self,
+        ids: torch.Tensor,  # [T] int64
+        *,
+        last_n: int | None = None,
+        return_hidden: bool = False,
+        positions: torch.Tensor | None = None,  # [T] int64; only the default is supported
+        tree_mask: torch.Tensor | None = None,  # [T, T] bool; only the default is supported
+    ) -> ForwardOutput:
+        if positions is not None or tree_mask is not None:
+            raise NotImplementedError("the llama.cpp backend verifies chains only: positions "
+                                      "and tree_mask are not supported yet")
+        lib, t, start = self._lib, int(ids.shape[0]), self._len
+        if start + t > self.max_seq_len:
+            raise ValueError(f"{start + t} tokens exceed the context limit of {self.max_seq_len}")
+        n = t if last_n is None else last_n
+        if not 0 <= n <= t:
+            raise ValueError(f"last_n={last_n} must be in 0..{t}")
+        if return_hidden and not self._embeddings:
+            lib.llama_set_embeddings(self._ctx, True)
+            self._embeddings = True
+        tokens = ids.detach().cpu().numpy().astype(np.int32)
+        logits, hidden = [], []
+        for c0 in range(0, t, self.n_batch):
+            m = min(self.n_batch, t - c0)
+            self._tokens[:m] = tokens[c0:c0 + m]
+            self._pos[:m] = np.arange(start + c0, start + c0 + m, dtype=np.int32)
+            self._want[:m] = np.arange(c0, c0 + m) >= t - n
+            self._batch.n_tokens = m
+            rc = lib.llama_decode(self._ctx, self._batch)
+            if rc != 0:
+                lib.llama_memory_seq_rm(self._memory, 0, start + c0, -1)
+                self._len = start + c0
+                raise RuntimeError(f"llama_decode failed with status {rc} at position "
+                                   f"{start + c0}")
+            self._len = start + c0 + m
+            outputs = int(self._want[:m].sum())
+            if outputs:
+                logits.append(self._read(lib.llama_get_logits(self._ctx), outputs,
+                                         self.vocab_size))
+                if return_hidden:
+                    hidden.append(self._read(lib.llama_get_embeddings(self._ctx), outputs,
+                                             self.hidden_size))
+        out = torch.cat(logits) if logits else torch.empty(0, self.vocab_size)
+        return ForwardOutput(out, (torch.cat(hidden) if hidden else torch.empty(
+            0, self.hidden_size)) if return_hidden else None)
+
+    @staticmethod
+    def _read(ptr, rows: int, cols: int) -> torch.Tensor:  # -> [rows, cols] float32, a copy
+        return torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(rows, cols)).copy())
+
+    # -- lifetime ---------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the context, batch and model (also done when garbage-collected)."""
+        lib = getattr(self, "_lib", None)
+        if lib is None:
+            return
+        if self._batch is not None:
+            lib.llama_batch_free(self._batch)
+        if self._ctx:
+            lib.llama_free(self._ctx)
+        if self._model:
+            lib.llama_model_free(self._model)
+        self._lib = self._batch = self._ctx = self._model = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at shutdown the library may be gone already
+            self.close()
+
+    def __repr__(self) -> str:
+        return (f"LlamaCppLM({self.path.name}, ctx={self.max_seq_len}, "
+                f"threads={self.n_threads}/{self.n_threads_batch})")

@@ -1,0 +1,195 @@
+"""The llama.cpp backend: the CausalLM contract, rollback, and lossless greedy decoding.
+
+Skipped where llama-cpp-python is not installed (`pip install -e '.[cpu]'`).
+Greedy speculative output is compared with plain decoding through the same
+backend (llama.cpp's quantised weights, not the PyTorch model's).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import real
+from specdecode import NgramDrafter, SamplingParams, SpeculativeDecoder
+from specdecode.drafters import DraftModelDrafter
+from specdecode.models.base import CausalLM
+
+pytest.importorskip("llama_cpp")
+from specdecode.models.llama_cpp import LlamaCppLM  # noqa: E402
+
+PROMPTS = [
+    "def fibonacci(n):\n    ",
+    "The three primary colours are",
+    "import numpy as np\n\nx = np.arange(10)\nprint(x",
+]
+
+
+@pytest.fixture(scope="module")
+def smol() -> LlamaCppLM:
+    return LlamaCppLM(real.path("smollm2-135m"), max_seq_len=512, n_threads=2)
+
+
+@pytest.fixture(scope="module")
+def smol_draft() -> LlamaCppLM:
+    return LlamaCppLM(real.path("smollm2-135m"), max_seq_len=512, n_threads=2)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from specdecode.models.loading import load_tokenizer
+
+    return load_tokenizer(real.path("smollm2-135m"))
+
+
+def ids(values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long)
+
+
+def greedy(target: CausalLM, prompt: list[int], n: int, drafter=None, k: int = 0, **kw):
+    params = SamplingParams(max_tokens=n, **kw)
+    return SpeculativeDecoder(target, drafter, k).generate(prompt, params)
+
+
+def test_protocol_shapes_and_options(smol, tokenizer):
+    assert isinstance(smol, CausalLM)
+    assert smol.device == torch.device("cpu") and smol.dtype == torch.float32
+    assert smol.max_seq_len == 512 and smol.eos_token_ids == tokenizer.eos_token_ids
+    prompt = tokenizer.encode(PROMPTS[0])
+    out = smol.prefill(ids(prompt))
+    assert out.logits.shape == (1, smol.vocab_size) and out.logits.dtype == torch.float32
+    assert smol.cached_len == len(prompt)
+    out = smol.forward(ids([1, 2, 3]), last_n=2, return_hidden=True)
+    assert out.logits.shape == (2, smol.vocab_size)
+    assert out.hidden.shape == (2, smol.hidden_size)
+    assert smol.cached_len == len(prompt) + 3
+    with pytest.raises(NotImplementedError):
+        smol.forward(ids([1]), positions=ids([0]))
+    with pytest.raises(ValueError, match="context limit"):
+        smol.forward(torch.zeros(512, dtype=torch.long))
+    with pytest.raises(ValueError):
+        smol.rollback(smol.cached_len + 1)
+
+
+def test_rollback_forgets_the_rejected_positions(smol, tokenizer):
+    prompt = tokenizer.encode(PROMPTS[2])
+    head, tail = prompt[:10], prompt[10:16]
+    smol.prefill(ids(head))
+    first = smol.forward(ids(tail)).logits
+    smol.forward(ids([5, 6, 7, 8]))  # a rejected draft
+    smol.rollback(len(head))
+    again = smol.forward(ids(tail)).logits
+    assert torch.equal(first, again)  # same batch shapes: bit-identical
+    # After rollback, logits match a fresh prefill of the same prefix.
+    smol.rollback(len(head) + 3)
+    after = smol.forward(ids(tail[3:])).logits
+    fresh_prefix = smol.prefill(ids(head + tail[:3]))
+    fresh = smol.forward(ids(tail[3:])).logits
+    assert fresh_prefix.logits.shape == (1, smol.vocab_size)
+    torch.testing.assert_close(after, fresh, atol=0.05, rtol=0)
+    assert torch.equal(after.argmax(-1), fresh.argmax(-1))
+
+
+def test_batched_logits_are_close_to_one_token_steps(smol, tokenizer):
+    prompt = tokenizer.encode(PROMPTS[1])
+    smol.prefill(ids(prompt[:-4]))
+    batched = smol.forward(ids(prompt[-4:])).logits  # [4, vocab]
+    smol.rollback(len(prompt) - 4)
+    single = torch.cat([smol.forward(ids([t])).logits for t in prompt[-4:]])
+    torch.testing.assert_close(batched, single, atol=0.05, rtol=0)
+    assert torch.equal(batched.argmax(-1), single.argmax(-1))
+
+
+def test_hidden_state_is_the_final_normed_state(smol, tokenizer):
+    """llama.cpp's hidden state projected by the PyTorch model's head gives its logits."""
+    torch_model = real.load("smollm2-135m").model  # float32, same GGUF dequantized
+    prompt = tokenizer.encode(PROMPTS[0])
+    out = smol.prefill(ids(prompt))
+    smol.rollback(len(prompt) - 1)
+    out = smol.forward(ids(prompt[-1:]), return_hidden=True)
+    projected = torch_model.lm_head(out.hidden).detach()
+    assert torch.nn.functional.cosine_similarity(projected, out.logits).item() > 0.99
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_greedy_draft_model_equals_plain(smol, smol_draft, tokenizer, k):
+    drafter = DraftModelDrafter(smol_draft, smol)
+    for text in PROMPTS:
+        prompt = tokenizer.encode(text)
+        plain = greedy(smol, prompt, 32, ignore_eos=True)
+        spec = greedy(smol, prompt, 32, drafter, k, ignore_eos=True)
+        assert spec.token_ids == plain.token_ids, (text, k)
+        assert spec.stats.acceptance_rate > 0.9  # the target drafting for itself
+
+
+@pytest.mark.parametrize("k", [2, 8])
+def test_greedy_ngram_equals_plain(smol, tokenizer, k):
+    for text in PROMPTS:
+        prompt = tokenizer.encode(text)
+        plain = greedy(smol, prompt, 32, ignore_eos=True)
+        spec = greedy(smol, prompt, 32, NgramDrafter(max_n=3, min_n=1), k, ignore_eos=True)
+        assert spec.token_ids == plain.token_ids, (text, k)
+
+
+def test_stops_inside_a_draft(smol, smol_draft, tokenizer):
+    prompt = tokenizer.chat([{"role": "user", "content": "Say only: hello"}])
+    drafter = DraftModelDrafter(smol_draft, smol)
+    plain = greedy(smol, prompt, 64)
+    assert plain.finish_reason == "stop" and plain.token_ids[-1] in smol.eos_token_ids
+    spec = greedy(smol, prompt, 64, drafter, 8)  # EOS arrives inside a draft
+    assert (spec.token_ids, spec.finish_reason) == (plain.token_ids, "stop")
+    assert spec.stats.steps < len(plain.token_ids)  # more than one token per step
+    prompt = tokenizer.encode(PROMPTS[0])
+    full = greedy(smol, prompt, 16, ignore_eos=True).token_ids
+    for n in (1, 5, 13):  # max_tokens in the middle of an accepted draft
+        cut = greedy(smol, prompt, n, drafter, 8, ignore_eos=True)
+        assert (cut.token_ids, cut.finish_reason) == (full[:n], "length")
+
+
+def test_llm_load_chooses_the_backend(tmp_path):
+    from specdecode.llm import LLM, choose_backend
+
+    path = real.path("smollm2-135m")
+    assert choose_backend("auto", path, "cpu") == "torch"  # llama.cpp is opt-in for now
+    assert choose_backend("llama.cpp", path, "cpu") == "llama.cpp"
+    assert choose_backend("auto", path, "cuda") == "torch"
+    assert choose_backend("auto", tmp_path, "cpu") == "torch"
+    with pytest.raises(ValueError, match="GGUF"):
+        choose_backend("llama.cpp", tmp_path, "cpu")
+    llm = LLM.load("smollm2-135m", drafter="ngram", k=4, backend="llama.cpp", max_seq_len=256)
+    assert isinstance(llm.target, LlamaCppLM) and llm.info.backend == "llama.cpp"
+    prompt = llm.encode("Count from 1 to 10.", chat=True)
+    params = SamplingParams(max_tokens=24)
+    spec = llm.generate(prompt, params)
+    assert spec.token_ids == llm.generate(prompt, params, speculative=False).token_ids
+    assert spec.text
+
+
+def test_cli_backend_flag():
+    real.path("smollm2-135m")
+    proc = subprocess.run(
+        [sys.executable, "-m", "specdecode.cli", "generate", "def add(a, b):", "--target",
+         "smollm2-135m", "--drafter", "ngram", "--max-tokens", "16", "--backend", "llama.cpp",
+         "--compare-plain", "--json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["backend"] == "llama.cpp" and out["identical_to_plain"] is True
+    assert proc.stderr == ""  # llama.cpp's own log is silenced
+
+
+@pytest.mark.slow
+def test_default_pair_greedy_equals_plain():
+    from specdecode.llm import LLM
+
+    llm = LLM.load("default", k=4, backend="llama.cpp", max_seq_len=1024)
+    assert isinstance(llm.target, LlamaCppLM) and isinstance(llm.drafter.model, LlamaCppLM)
+    prompt = llm.encode("Write a Python function that reverses a string.", chat=True)
+    params = SamplingParams(max_tokens=48)
+    spec = llm.generate(prompt, params)
+    plain = llm.generate(prompt, params, speculative=False)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.acceptance_rate > 0.3
