@@ -15,10 +15,9 @@ from pathlib import Path
 from specdecode.drafters import DraftModelDrafter, NgramDrafter, VocabularyMismatch
 from specdecode.drafters.base import Drafter
 from specdecode.engine import SpeculativeDecoder
-from specdecode.models import quant
 from specdecode.models.base import CausalLM
 from specdecode.models.loading import Loaded
-from specdecode.models.quant import quantize_int8
+from specdecode.models.quant import quantize_int8, worth_it
 from specdecode.sampling import SamplingParams
 from specdecode.stats import SpecStats
 from specdecode.text import StopStrings, TextStream, Tokenizer
@@ -124,7 +123,7 @@ class LLM:
         if draft_quant not in ("auto", "int8", "none"):
             raise ValueError(f"unknown draft quantisation '{draft_quant}'; choose auto, int8, none")
         if draft_quant == "auto":
-            draft_quant = "int8" if quant.worth_it(device, dtype) else "none"
+            draft_quant = "int8" if worth_it(device, dtype) else "none"
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend '{backend}'; choose one of {', '.join(BACKENDS)}")
         target_path = registry.resolve(target)

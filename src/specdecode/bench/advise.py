@@ -60,6 +60,13 @@ def advise(options: AdviseOptions, models=None) -> dict:
     max_k = max(models.llms[label].k for label in spec_labels) if spec_labels else 1
     curve = forward_cost_curve(plain.target, first, default_sizes(max_k))
     c_verify = {b: t / curve[1] for b, t in curve.items()}
+    # A draft model's c_draft is its own one-token forward (its prompt prefill, inside a
+    # sample's draft time, is not a per-token cost). Measured once, before any drafting,
+    # so no drafter has yet recorded what its model's cache holds.
+    model_c_draft = {label: forward_cost_curve(models.llms[label].drafter.model, first,
+                                               [1])[1] / curve[1]
+                     for label in spec_labels
+                     if getattr(models.llms[label].drafter, "model", None) is not None}
 
     params = SamplingParams(temperature=options.temperature, max_tokens=options.max_tokens)
     per_workload = []
@@ -72,7 +79,8 @@ def advise(options: AdviseOptions, models=None) -> dict:
                 stats = stats.merge(llm.generate(p.ids(tok), params,
                                                  seed=options.seed + i).stats)
             method = label.split()[1]
-            c_draft = _draft_cost(llm.drafter, stats, first, curve[1])
+            c_draft = model_c_draft.get(label, stats.draft_time / stats.drafted / curve[1]
+                                        if stats.drafted else 0.0)
             predicted = {k: metrics.replay_speedup(stats.drafted_per_step,
                                                    stats.accepted_per_step, k, c_draft,
                                                    c_verify)
@@ -91,16 +99,6 @@ def advise(options: AdviseOptions, models=None) -> dict:
             "temperature": options.temperature, "plain_step_seconds": curve[1],
             "cost_curve_seconds": curve, "c_verify": c_verify,
             "memory": models.memory, "workloads": per_workload}
-
-
-def _draft_cost(drafter, stats: SpecStats, context: list[int], plain_step: float) -> float:
-    """c_draft in plain target steps: a draft model's measured one-token forward (its
-    prompt prefill, inside the sample's draft time, is not a per-token cost); for other
-    drafters their measured draft time per drafted token."""
-    model = getattr(drafter, "model", None)
-    if model is not None:
-        return forward_cost_curve(model, context, [1])[1] / plain_step
-    return stats.draft_time / stats.drafted / plain_step if stats.drafted else 0.0
 
 
 def _recommend(best: dict | None) -> dict:

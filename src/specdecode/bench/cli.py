@@ -10,24 +10,25 @@ import sys
 from specdecode.bench import workloads
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers like 4,8, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}") from None
-    return values
+def _number_list(cast, minimum, example: str):
+    """argparse type: comma-separated numbers, each >= minimum."""
+    def parse(text: str) -> list:
+        try:
+            values = [cast(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {'integers' if cast is int else 'numbers'} like {example}, "
+                f"got {text!r}") from None
+        if not values or min(values) < minimum:
+            raise argparse.ArgumentTypeError(
+                f"expected {'integers' if cast is int else 'numbers'} >= {minimum}, "
+                f"got {text!r}") from None
+        return values
+    return parse
 
 
-def _float_list(text: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers like 0,0.7, got {text!r}") from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"expected numbers >= 0, got {text!r}") from None
-    return values
+_int_list = _number_list(int, 1, "4,8")
+_float_list = _number_list(float, 0, "0,0.7")
 
 
 def _choice_list(choices: tuple[str, ...]):

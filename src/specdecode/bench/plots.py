@@ -16,6 +16,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _spec(summary: list[dict]) -> list[dict]:
     return [e for e in summary if e["engine"] == "specdecode" and e["method"] != "plain"]
 
@@ -35,10 +42,7 @@ def acceptance(result: dict, path: Path) -> Path:
                ylim=(0, 1.05))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def speedup_vs_k(result: dict, path: Path) -> Path:
@@ -58,10 +62,7 @@ def speedup_vs_k(result: dict, path: Path) -> Path:
                ylabel="speedup vs plain (x)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def tokens_per_second(result: dict, path: Path) -> Path:
@@ -84,10 +85,7 @@ def tokens_per_second(result: dict, path: Path) -> Path:
         ax.set(title=f"T={t:g}", ylabel="tokens/s (median)")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def write_all(result: dict, out: Path) -> list[Path]:

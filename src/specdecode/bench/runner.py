@@ -22,7 +22,7 @@ import torch
 from specdecode.bench import hf_peer, workloads
 from specdecode.bench.summary import margin_at_divergence, summarise
 from specdecode.drafters import NgramDrafter
-from specdecode.llm import LLM, make_draft_model_drafter
+from specdecode.llm import LLM
 from specdecode.sampling import SamplingParams
 
 SCHEMA = "specdecode.bench/1"
@@ -108,35 +108,23 @@ def specdecode_configs(options: BenchOptions, has_draft: bool) -> list[Config]:
 
 
 def load_models(options: BenchOptions) -> Models:
-    from specdecode.llm import choose_backend, load_model
+    """The target (and the draft model) through LLM.load, as the CLI loads them."""
     from specdecode.models import registry
-    from specdecode.models.quant import quantize_int8, worth_it
 
     if options.draft_model is None and options.target in registry.PAIRS:
         options.draft_model = registry.PAIRS[options.target][1]
     want_draft = "draft-model" in options.drafters and options.draft_model
+    llm = LLM.load(options.target, draft_model=options.draft_model if want_draft else None,
+                   drafter="draft-model" if want_draft else "none", dtype=options.dtype,
+                   device=options.device, draft_quant=options.draft_quant,
+                   draft_confidence=options.draft_confidence, backend=options.backend)
     target_path = registry.resolve(options.target)
     draft_path = registry.resolve(options.draft_model) if want_draft else None
-
-    def load(path, max_seq_len=None):
-        backend = choose_backend(options.backend, path, options.device)
-        return load_model(path, backend, dtype=options.dtype, device=options.device,
-                          max_seq_len=max_seq_len), backend
-
-    t, _ = load(target_path)
-    memory = {"target": model_bytes(t.model, target_path)}
-    draft = None
+    memory = {"target": model_bytes(llm.target, target_path)}
     if draft_path is not None:
-        d, backend = load(draft_path, t.model.max_seq_len)
-        quant = options.draft_quant
-        if backend == "torch" and (quant == "int8" or (
-                quant == "auto" and worth_it(options.device, options.dtype))):
-            quantize_int8(d.model)
-        memory["draft"] = model_bytes(d.model, draft_path)
-        draft = make_draft_model_drafter(d.model, d.tokenizer, t.model, t.tokenizer,
-                                         confidence_threshold=options.draft_confidence)
-    return Models(build_llms(options, t.model, t.tokenizer, draft), target_path, draft_path,
-                  memory)
+        memory["draft"] = model_bytes(llm.drafter.model, draft_path)
+    return Models(build_llms(options, llm.target, llm.tokenizer, llm.drafter), target_path,
+                  draft_path, memory)
 
 
 def model_bytes(model, path: Path) -> int:

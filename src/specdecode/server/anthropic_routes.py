@@ -14,12 +14,13 @@ from collections.abc import AsyncIterator
 from typing import Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from specdecode.server.errors import APIError
 from specdecode.server.generation import (
     Completion,
     ServerContext,
+    Strict,
     complete,
     sampling_params,
     speculative_usage,
@@ -29,10 +30,6 @@ from specdecode.server.sse import EventStream, sse
 from specdecode.server.worker import GenerationFailed, Job
 
 router = APIRouter()
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
 
 
 class TextBlock(Strict):

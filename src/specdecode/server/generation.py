@@ -12,6 +12,8 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pydantic import BaseModel, ConfigDict
+
 from specdecode.llm import LLM
 from specdecode.sampling import SamplingParams
 from specdecode.server.errors import APIError
@@ -20,6 +22,13 @@ from specdecode.server.sse import ClientGone, until_disconnect
 from specdecode.server.worker import GenerationFailed, Job, QueueFull, Worker
 from specdecode.stats import SpecStats
 from specdecode.text import find_stop
+
+
+class Strict(BaseModel):
+    """Base of every request body: types checked strictly ("10" is not a number), unknown
+    fields ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
 
 MODEL_ALIASES = ("default",)
 

@@ -15,12 +15,13 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from specdecode.server.errors import APIError
 from specdecode.server.generation import (
     Completion,
     ServerContext,
+    Strict,
     complete,
     sampling_params,
     speculative_usage,
@@ -32,10 +33,6 @@ router = APIRouter()
 STARTED = int(time.time())
 
 StopList = Annotated[list[str], Field(max_length=16)]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
 
 
 class ContentPart(Strict):
