@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -9,6 +11,10 @@ from specdecode import Draft, SamplingParams, SpeculativeDecoder
 from specdecode.models import PRESETS, Transformer
 
 torch.set_num_threads(1)
+# The tests name their backend; where llama-cpp-python is installed, "auto" would pick
+# it for GGUF files, so loads that do not say (CLI and server subprocesses included)
+# stay on the PyTorch path the float32 exactness tests are about.
+os.environ.setdefault("SPECDECODE_BACKEND", "torch")
 
 
 def tiny(seed: int, preset: str = "tiny", **kw) -> Transformer:

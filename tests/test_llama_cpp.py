@@ -17,9 +17,11 @@ import torch
 import real
 from specdecode import NgramDrafter, SamplingParams, SpeculativeDecoder
 from specdecode.drafters import DraftModelDrafter
+from specdecode.models import llama_cpp  # noqa: E402
 from specdecode.models.base import CausalLM
 
-pytest.importorskip("llama_cpp")
+if not llama_cpp.available():  # (loads the cached llama.cpp build, if there is one)
+    pytest.skip("llama-cpp-python is not installed", allow_module_level=True)
 from specdecode.models.llama_cpp import LlamaCppLM  # noqa: E402
 
 PROMPTS = [
@@ -154,14 +156,16 @@ def test_llm_load_chooses_the_backend(tmp_path):
     from specdecode.llm import LLM, choose_backend
 
     path = real.path("smollm2-135m")
-    assert choose_backend("auto", path, "cpu") == "torch"  # llama.cpp is opt-in for now
+    assert choose_backend("auto", path, "cpu") == "llama.cpp"  # GGUF on CPU
     assert choose_backend("llama.cpp", path, "cpu") == "llama.cpp"
     assert choose_backend("auto", path, "cuda") == "torch"
     assert choose_backend("auto", tmp_path, "cpu") == "torch"
     with pytest.raises(ValueError, match="GGUF"):
         choose_backend("llama.cpp", tmp_path, "cpu")
-    llm = LLM.load("smollm2-135m", drafter="ngram", k=4, backend="llama.cpp", max_seq_len=256)
+    llm = LLM.load("smollm2-135m", drafter="ngram", k=4, backend="llama.cpp", max_seq_len=256,
+                   adaptive=False)
     assert isinstance(llm.target, LlamaCppLM) and llm.info.backend == "llama.cpp"
+    assert llm.decoder.length_policy is None
     prompt = llm.encode("Count from 1 to 10.", chat=True)
     params = SamplingParams(max_tokens=24)
     spec = llm.generate(prompt, params)
@@ -181,11 +185,39 @@ def test_cli_backend_flag():
     assert proc.stderr == ""  # llama.cpp's own log is silenced
 
 
+def test_adaptive_load_measures_costs_once_and_says_what_it_chose(tmp_path, monkeypatch):
+    from specdecode.llm import LLM
+
+    monkeypatch.setattr("specdecode.costs.costs_dir", lambda: tmp_path)  # a fresh cache
+    path = str(real.path("smollm2-135m"))
+    first = LLM.load(path, draft_model=path, drafter="auto", backend="llama.cpp",
+                     max_seq_len=512)
+    costs = first.info.costs
+    assert costs["c"][1] == 1.0 and set(range(1, 10)) <= set(costs["c"])
+    assert costs["c_draft"] > 0 and costs["from_cache"] is False
+    assert first.info.drafter in ("draft-model", "ngram")
+    assert "chose" in first.info.choice and "draft length" in first.info.choice
+    assert first.decoder.length_policy is not None
+    again = LLM.load(path, draft_model=path, drafter="auto", backend="llama.cpp",
+                     max_seq_len=512)
+    assert again.info.costs == {**costs, "from_cache": True}
+    assert len(list(tmp_path.iterdir())) == 1
+    # Lossless whatever the policy cuts: greedy output equals plain decoding.
+    ngram = LLM.load(path, drafter="ngram", backend="llama.cpp", max_seq_len=512)
+    assert ngram.info.costs["c_draft"] == 0.0 and ngram.decoder.length_policy is not None
+    for text in PROMPTS:
+        prompt = ngram.tokenizer.encode(text)
+        params = SamplingParams(max_tokens=40, ignore_eos=True)
+        spec = ngram.generate(prompt, params)
+        assert spec.token_ids == ngram.generate(prompt, params, speculative=False).token_ids
+
+
 @pytest.mark.slow
 def test_default_pair_greedy_equals_plain():
     from specdecode.llm import LLM
 
-    llm = LLM.load("default", k=4, backend="llama.cpp", max_seq_len=1024)
+    llm = LLM.load("default", drafter="draft-model", k=4, backend="llama.cpp", max_seq_len=1024,
+                   adaptive=False)
     assert isinstance(llm.target, LlamaCppLM) and isinstance(llm.drafter.model, LlamaCppLM)
     prompt = llm.encode("Write a Python function that reverses a string.", chat=True)
     params = SamplingParams(max_tokens=48)

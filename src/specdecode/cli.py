@@ -47,29 +47,35 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="registry name or path to a GGUF file / HF folder (default: default)")
     p.add_argument("--draft-model", "-md", default=None,
                    help="draft model: registry name or path (default: the pair's draft)")
-    p.add_argument("--drafter", choices=["draft-model", "ngram", "none"], default=None,
+    p.add_argument("--drafter", choices=["auto", "draft-model", "ngram", "none"], default=None,
                    help="how drafts are proposed (default: draft-model if a draft model is "
-                        "known, else none)")
+                        "known, else none; auto with --adaptive, the llama.cpp default: the "
+                        "draft model if the measured costs say it can pay, else n-gram)")
+    p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
+                   help="draft each step only as many tokens as pay for their verification, "
+                        "from the target's measured cost curve (default: on for llama.cpp)")
     p.add_argument("-k", "--num-speculative-tokens", type=_non_negative_int, default=None,
                    help="draft tokens per step (0 = plain decoding; default 8 for a draft "
-                        "model, 16 for n-gram)")
+                        "model, 16 for n-gram, 64 for n-gram with --adaptive: the most it "
+                        "may draft)")
     p.add_argument("--draft-quant", choices=["auto", "int8", "none"], default="auto",
                    help="draft model weights: int8 halves the bytes per draft token "
                         "(auto: int8 on CPU); never changes the output")
     p.add_argument("--draft-confidence", type=float, default=0.3,
                    help="stop a draft after a token the draft model gave less than this "
                         "probability (0 = always draft k)")
-    p.add_argument("--ngram-max", type=_positive_int, default=3)
+    p.add_argument("--ngram-max", type=_positive_int, default=None,
+                   help="longest n-gram to look up (default 3; 8 with --adaptive)")
     p.add_argument("--ngram-min", type=_positive_int, default=1)
     p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--max-context", type=_positive_int, default=None,
                    help="KV cache size in tokens (default: min(model context, 8192))")
-    p.add_argument("--backend", choices=["auto", "torch", "llama.cpp"], default="auto",
+    p.add_argument("--backend", choices=["auto", "torch", "llama.cpp"], default=None,
                    help="llama.cpp: GGUF files on CPU with their own quantised weights "
                         "(pip install 'specdecode[cpu]'); torch: the PyTorch model, any "
-                        "device, --dtype applies; auto (default): llama.cpp for GGUF on CPU "
-                        "when installed, else torch")
+                        "device, --dtype applies; auto: llama.cpp for GGUF on CPU when "
+                        "installed, else torch (default: $SPECDECODE_BACKEND, else auto)")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -123,6 +129,11 @@ def build_parser() -> Parser:
                    help="the model name clients send (default: the target's name)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
                    default="info")
+
+    p = sub.add_parser("build-llama-cpp",
+                       help="build llama.cpp for this CPU (AVX-512, no AMX) into the cache; "
+                            "the llama.cpp backend then loads it (~25 min on 2 cores)")
+    p.add_argument("-j", "--jobs", type=_positive_int, default=None)
 
     from specdecode.bench import cli as bench_cli
 
@@ -200,7 +211,8 @@ def cmd_generate(args) -> int:
                    k=args.num_speculative_tokens, dtype=args.dtype, device=args.device,
                    max_seq_len=args.max_context, ngram_max=args.ngram_max,
                    ngram_min=args.ngram_min, draft_quant=args.draft_quant,
-                   draft_confidence=args.draft_confidence, backend=args.backend)
+                   draft_confidence=args.draft_confidence, backend=args.backend,
+                   adaptive=args.adaptive)
     prompt_ids = llm.encode(args.prompt, messages, chat=args.chat)
     return run_and_report(llm, prompt_ids, params, args.seed, args.compare_plain, args.json)
 
@@ -267,7 +279,8 @@ def cmd_serve(args) -> int:
                    k=args.num_speculative_tokens, dtype=args.dtype, device=args.device,
                    max_seq_len=args.max_context, ngram_max=args.ngram_max,
                    ngram_min=args.ngram_min, draft_quant=args.draft_quant,
-                   draft_confidence=args.draft_confidence, backend=args.backend)
+                   draft_confidence=args.draft_confidence, backend=args.backend,
+                   adaptive=args.adaptive)
     serve(llm, host=args.host, port=args.port, api_key=args.api_key or None,
           max_queue=args.max_queue,
           model_name=args.served_model_name or served_model_name(args.target),
@@ -287,7 +300,15 @@ def cmd_advise(args) -> int:
     return run(args)
 
 
-COMMANDS = {"pull": cmd_pull, "models": cmd_models, "generate": cmd_generate, "demo": cmd_demo,
+def cmd_build_llama_cpp(args) -> int:
+    from specdecode.models import llama_cpp_build
+
+    print(llama_cpp_build.build(args.jobs))
+    return 0
+
+
+COMMANDS = {"build-llama-cpp": cmd_build_llama_cpp, "pull": cmd_pull,
+            "models": cmd_models, "generate": cmd_generate, "demo": cmd_demo,
             "serve": cmd_serve, "bench": cmd_bench, "advise": cmd_advise}
 
 if __name__ == "__main__":

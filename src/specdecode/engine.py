@@ -27,6 +27,7 @@ import torch
 from specdecode.drafters.base import Draft, Drafter
 from specdecode.models.base import CausalLM
 from specdecode.sampling import SamplingParams, logits_to_probs
+from specdecode.speclen import LengthPolicy
 from specdecode.stats import SpecStats
 from specdecode.verify import VerifyResult, greedy_verify, rejection_sample
 
@@ -60,7 +61,9 @@ class SpeculativeDecoder:
     Greedy (temperature 0) output is token-for-token the target's own greedy
     output; sampled output has the target's distribution (exact rejection
     sampling). k is the number of draft tokens per step; k = 0 or no drafter is
-    plain decoding.
+    plain decoding. With a `length_policy` each step drafts and verifies only
+    as many of the k tokens as pay for their cost (see speclen.py); without one,
+    always k (fewer only when the drafter has fewer).
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class SpeculativeDecoder:
         *,
         eos_token_ids: Sequence[int] | None = None,
         rejection_sampler: RejectionSampler = rejection_sample,
+        length_policy: LengthPolicy | None = None,
     ) -> None:
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise ValueError(f"k (num_speculative_tokens) must be an integer >= 0, got {k!r}")
@@ -78,6 +82,7 @@ class SpeculativeDecoder:
         self.eos_token_ids = tuple(
             target.eos_token_ids if eos_token_ids is None else eos_token_ids)
         self.rejection_sampler = rejection_sampler
+        self.length_policy = length_policy
 
     def generate(
         self,
@@ -122,19 +127,23 @@ class SpeculativeDecoder:
             target.prefill(torch.tensor(prompt[:-1], dtype=torch.long))
         if self.drafter is not None:
             self.drafter.begin(prompt, params, generator)
+        if self.length_policy is not None:
+            self.length_policy.forget_watched()
         stats.prefill_time = time.perf_counter() - start
 
         context, output = list(prompt), []
         while True:
             t0 = time.perf_counter()
             budget = min(params.max_tokens - len(output), target.max_seq_len - len(context))
-            draft = self._propose(context, min(self.k, budget - 1), stops)
+            draft, judged = self._draft(context, min(self.k, budget - 1), stops)
             t1 = time.perf_counter()
             result = self._verify(context[-1], draft, params, generator)
             target.rollback(len(context) + result.num_accepted)
             t2 = time.perf_counter()
             if self.drafter is not None:
                 self.drafter.observe(result.num_accepted)
+            if judged:
+                self.length_policy.observe(len(draft), result.num_accepted)
 
             new, finish = [], None
             for token in result.tokens:
@@ -173,6 +182,23 @@ class SpeculativeDecoder:
                 f"the prompt has {len(prompt)} tokens; the context limit of "
                 f"{self.target.max_seq_len} leaves no room for a new token")
         return prompt
+
+    def _draft(self, context: list[int], k: int, stops: set[int]) -> tuple[Draft, bool]:
+        """This step's draft, cut by the length policy; and whether its verification
+        should teach the policy (drafts that cost; free ones are judged in hindsight)."""
+        policy = self.length_policy
+        if policy is None or self.drafter is None or k <= 0:
+            return self._propose(context, k, stops), False
+        if policy.costs.draft_per_token > 0:  # drafting costs: decide before paying
+            k = policy.length(k)
+            if k == 0:
+                policy.observe(0, 0)  # a step without a draft: estimates relax to the prior
+                return Draft.empty(), False
+            return self._propose(context, k, stops), True
+        policy.resolve(context)
+        draft = self._propose(context, k, stops)
+        policy.watch(len(context), draft.tokens.tolist())
+        return draft.truncate(policy.length(len(draft), drafted=True)), False
 
     def _propose(self, context: list[int], k: int, stops: set[int]) -> Draft:
         """Ask the drafter for up to k tokens; cut the draft after its first stop token."""

@@ -7,10 +7,13 @@ stop strings, and run plain decoding of the same request for comparison.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import torch
 
 from specdecode.drafters import DraftModelDrafter, NgramDrafter, VocabularyMismatch
 from specdecode.drafters.base import Drafter
@@ -19,10 +22,11 @@ from specdecode.models.base import CausalLM
 from specdecode.models.loading import Loaded
 from specdecode.models.quant import quantize_int8, worth_it
 from specdecode.sampling import SamplingParams
+from specdecode.speclen import CostModel, LengthPolicy, best_length
 from specdecode.stats import SpecStats
 from specdecode.text import StopStrings, TextStream, Tokenizer
 
-DRAFTERS = ("draft-model", "ngram", "none")
+DRAFTERS = ("auto", "draft-model", "ngram", "none")
 BACKENDS = ("auto", "torch", "llama.cpp")
 
 
@@ -54,6 +58,8 @@ class LoadInfo:
     draft: str | None = None
     drafter: str = "none"
     backend: str = "torch"
+    choice: str | None = None  # why this drafter / length policy, when chosen from costs
+    costs: dict | None = None  # c(b) in plain steps, c_draft, where they came from
     seconds: dict[str, float] = field(default_factory=dict)
     from_cache: dict[str, bool] = field(default_factory=dict)
 
@@ -66,10 +72,12 @@ class LLM:
         drafter: Drafter | None = None,
         k: int = 4,
         info: LoadInfo | None = None,
+        length_policy: LengthPolicy | None = None,
     ) -> None:
         eos = tuple(dict.fromkeys((*target.eos_token_ids, *tokenizer.eos_token_ids)))
         self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
-        self.decoder = SpeculativeDecoder(target, drafter, k, eos_token_ids=eos)
+        self.decoder = SpeculativeDecoder(target, drafter, k, eos_token_ids=eos,
+                                          length_policy=length_policy)
         self.plain = SpeculativeDecoder(target, None, 0, eos_token_ids=eos)
         self.info = info or LoadInfo(target="?")
 
@@ -88,16 +96,26 @@ class LLM:
         dtype: str = "bfloat16",
         device: str = "cpu",
         max_seq_len: int | None = None,
-        ngram_max: int = 3,
+        ngram_max: int | None = None,
         ngram_min: int = 1,
         draft_quant: str = "auto",
         draft_confidence: float = 0.3,
-        backend: str = "auto",
+        backend: str | None = None,
+        adaptive: bool | None = None,
     ) -> LLM:
         """Load by registry name or path. `drafter` defaults to draft-model when a
-        draft model is given (or the target is a registry pair), else none.
-        k defaults to 8 for a draft model and 16 for n-gram lookup (its drafts cost
-        nothing, and copied text runs long).
+        draft model is given (or the target is a registry pair; "auto" on the
+        llama.cpp backend), else none. k defaults to 8 for a draft model and 16
+        for n-gram lookup (its drafts cost nothing, and copied text runs long; 64
+        when adaptive). ngram_max defaults to 3 (8 when adaptive).
+
+        adaptive: cut each step's draft to the length that pays, from the target's
+        measured cost curve (cached per model and machine) and the acceptance seen
+        so far (speclen.py); None: on for the llama.cpp backend, whose small
+        verification batches cost almost a plain step per token. drafter "auto"
+        (needs the costs): the draft model if it can pay for itself at 90 %
+        acceptance, else n-gram lookup; the policy still falls back to plain
+        steps wherever drafts do not pay. `info.choice` says what was chosen.
 
         draft_quant: "int8" (weight-only, half the bytes per draft token),
         "none", or "auto" (int8 on CPU in bf16/fp16). It changes only the acceptance rate,
@@ -107,35 +125,46 @@ class LLM:
         backend: "torch" (the native PyTorch model: any device, `dtype` applies),
         "llama.cpp" (GGUF files on CPU through llama-cpp-python, the GGUF's own
         quantised weights; `dtype` and `draft_quant` do not apply), or "auto"
-        (torch for now; see `choose_backend`). Chosen per model."""
+        (llama.cpp for GGUF files on CPU when llama-cpp-python is installed, else
+        torch; see `choose_backend`). None: $SPECDECODE_BACKEND, else "auto".
+        Chosen per model."""
         from specdecode.models import registry
 
         if drafter is not None and drafter not in DRAFTERS:
             raise ValueError(f"unknown drafter '{drafter}'; choose one of {', '.join(DRAFTERS)}")
-        if draft_model is None and target in registry.PAIRS and drafter in (None, "draft-model"):
+        if draft_model is None and target in registry.PAIRS and drafter in (
+                None, "draft-model", "auto"):
             draft_model = registry.PAIRS[target][1]
+        if backend is None:
+            backend = os.environ.get("SPECDECODE_BACKEND") or "auto"
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend '{backend}'; choose one of {', '.join(BACKENDS)}")
+        target_path = registry.resolve(target)
+        target_backend = choose_backend(backend, target_path, device)
+        if adaptive is None:
+            adaptive = target_backend == "llama.cpp"
         if drafter is None:
-            drafter = "draft-model" if draft_model else "none"
-        if k is None:
-            k = 16 if drafter == "ngram" else 8
+            drafter = ("auto" if adaptive else "draft-model") if draft_model else "none"
+        if drafter == "auto" and not adaptive:
+            raise ValueError("--drafter auto chooses from measured costs: it needs --adaptive")
+        if k is None:  # a cap when adaptive: long copies pay off even at c(65) ~ 10 steps
+            k = (64 if adaptive else 16) if drafter in ("ngram", "auto") else 8
+        if ngram_max is None:  # the policy needs precise matches more than many matches
+            ngram_max = 8 if adaptive else 3
         if drafter == "draft-model" and not draft_model:
             raise ValueError("--drafter draft-model needs --draft-model")
         if draft_quant not in ("auto", "int8", "none"):
             raise ValueError(f"unknown draft quantisation '{draft_quant}'; choose auto, int8, none")
         if draft_quant == "auto":
             draft_quant = "int8" if worth_it(device, dtype) else "none"
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend '{backend}'; choose one of {', '.join(BACKENDS)}")
-        target_path = registry.resolve(target)
-        draft_path = registry.resolve(draft_model) if drafter == "draft-model" else None
-
-        target_backend = choose_backend(backend, target_path, device)
+        draft_path = (registry.resolve(draft_model) if drafter == "draft-model" or (
+            drafter == "auto" and draft_model) else None)
         info = LoadInfo(target=str(target_path), drafter=drafter, backend=target_backend)
         t = load_model(target_path, target_backend, dtype=dtype, device=device,
                        max_seq_len=max_seq_len)
         info.seconds["target"], info.from_cache["target"] = t.load_seconds, t.from_cache
         proposer: Drafter | None = None
-        if drafter == "draft-model":
+        if draft_path is not None:
             draft_backend = choose_backend(backend, draft_path, device)
             d = load_model(draft_path, draft_backend, dtype=dtype, device=device,
                            max_seq_len=t.model.max_seq_len)
@@ -148,9 +177,23 @@ class LLM:
             info.seconds["draft"], info.from_cache["draft"] = d.load_seconds, d.from_cache
             proposer = make_draft_model_drafter(d.model, d.tokenizer, t.model, t.tokenizer,
                                                 confidence_threshold=draft_confidence)
-        elif drafter == "ngram":
+        policy = None
+        if adaptive and drafter != "none":
+            costs = measured_costs(t.model, proposer, info, k)
+            if drafter == "auto":
+                proposer, drafter, info.choice = choose_drafter(costs, proposer, k)
+                info.drafter = drafter
+                if drafter == "ngram":
+                    info.draft = None
+            if drafter == "ngram":
+                costs = CostModel(costs.verify, 0.0)
+            if drafter != "none":
+                policy = LengthPolicy(costs)
+                note = f"draft length per step from costs (now {policy.describe(k)})"
+                info.choice = f"{info.choice}; {note}" if info.choice else note
+        if drafter == "ngram":
             proposer = NgramDrafter(max_n=ngram_max, min_n=ngram_min)
-        return cls(t.model, t.tokenizer, proposer, k, info)
+        return cls(t.model, t.tokenizer, proposer, k, info, policy)
 
     # -- prompts ----------------------------------------------------------------
 
@@ -203,16 +246,56 @@ class LLM:
                           len(prompt_ids), time.perf_counter() - start)
 
 
+def measured_costs(target: CausalLM, drafter: Drafter | None, info: LoadInfo,
+                   k: int) -> CostModel:
+    """The target's cost curve (and the draft model's per-token cost), cached per
+    model files, backend, threads and machine; recorded in `info.costs`."""
+    from specdecode.costs import cached_costs, cpu_name
+
+    draft = getattr(drafter, "model", None)
+    key = "|".join(map(str, (info.backend, repr(target), torch.get_num_threads(), info.target,
+                             info.draft, _size(info.target), _size(info.draft), cpu_name())))
+    start = time.perf_counter()
+    costs, cached = cached_costs(target, draft, key=key, max_k=max(k, 32))
+    info.seconds["costs"] = time.perf_counter() - start
+    info.costs = {"c": {b: round(c, 3) for b, c in costs.verify.items()},
+                  "c_draft": round(costs.draft_per_token, 3), "from_cache": cached}
+    return costs
+
+
+def _size(path: str | None) -> int | None:
+    if path is None:
+        return None
+    p = Path(path.split(" (")[0])
+    return p.stat().st_size if p.is_file() else None
+
+
+def choose_drafter(
+    costs: CostModel, draft: Drafter | None, k: int
+) -> tuple[Drafter | None, str, str]:
+    """(drafter, its name, why) for drafter "auto": the draft model when it can pay
+    for itself at 90 % acceptance on this cost curve, else n-gram lookup."""
+    if draft is not None:
+        length, rate = best_length(costs, [0.9] * k, k)
+        why = (f"draft model: c_draft {costs.draft_per_token:.2f} plain steps per token; "
+               f"at 90 % acceptance its best draft length {length} gives {rate:.2f}x")
+        if rate >= 1.1:
+            return draft, "draft-model", f"chose the {why}"
+        close = getattr(draft.model, "close", None)
+        if close is not None:
+            close()
+        return None, "ngram", f"chose n-gram lookup ({why}, too little to pay)"
+    return None, "ngram", "chose n-gram lookup (no draft model)"
+
+
 def choose_backend(backend: str, path: Path, device: str) -> str:
     """"torch" or "llama.cpp" for one model file/folder (see `LLM.load`)."""
     from specdecode.models import llama_cpp
 
     gguf, cpu = path.is_file() and path.suffix == ".gguf", str(device).startswith("cpu")
     if backend == "auto":
-        # torch until llama.cpp is both exact and fast here: its verification batches of
-        # 8+ tokens run other kernels than one-token steps (greedy output can change),
-        # and the AMX-less fallback this VM needs is slower than the torch path.
-        return "torch"
+        # llama.cpp for GGUF on CPU when installed: 3x the torch path's speed here.
+        return "llama.cpp" if gguf and cpu and llama_cpp.available() else "torch"
     if backend == "llama.cpp":
         if not gguf:
             raise ValueError(f"the llama.cpp backend runs GGUF files; {path} is not one")

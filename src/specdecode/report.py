@@ -30,6 +30,8 @@ def result_dict(llm, result, plain=None) -> dict:
         "drafter": llm.info.drafter,
         "backend": llm.info.backend,
         "k": llm.k,
+        "choice": llm.info.choice,
+        "costs": llm.info.costs,
         "load_seconds": llm.info.seconds,
         **_run_dict(result),
     }
@@ -71,6 +73,8 @@ def print_report(llm, result, plain=None, file=None) -> None:
         f"{p.draft_time:.2f} / {p.verify_time:.2f} / {p.other_time:.2f}" if p else "")
     row("prefill (s)", f"{s.prefill_time:.2f}", f"{p.prefill_time:.2f}" if p else "")
     console.print(table)
+    if llm.info.choice:
+        console.print(f"{llm.info.backend}: {llm.info.choice}")
     if plain is not None:
         same = "identical" if d["identical_to_plain"] else "DIFFERENT"
         console.print(f"speedup vs plain: {d['speedup']:.2f}x; outputs {same} to plain decoding")

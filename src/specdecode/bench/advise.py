@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specdecode.bench import metrics, workloads
-from specdecode.bench.costs import default_sizes, forward_cost_curve
 from specdecode.bench.runner import BenchOptions, load_models
+from specdecode.costs import default_sizes, forward_cost_curve
 from specdecode.sampling import SamplingParams
 from specdecode.stats import SpecStats
 

@@ -117,7 +117,8 @@ def load_models(options: BenchOptions) -> Models:
     llm = LLM.load(options.target, draft_model=options.draft_model if want_draft else None,
                    drafter="draft-model" if want_draft else "none", dtype=options.dtype,
                    device=options.device, draft_quant=options.draft_quant,
-                   draft_confidence=options.draft_confidence, backend=options.backend)
+                   draft_confidence=options.draft_confidence, backend=options.backend,
+                   adaptive=False)  # fixed k per configuration, as labelled
     target_path = registry.resolve(options.target)
     draft_path = registry.resolve(options.draft_model) if want_draft else None
     memory = {"target": model_bytes(llm.target, target_path)}

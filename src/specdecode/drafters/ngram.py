@@ -30,6 +30,7 @@ class NgramDrafter:
         self._ids: list[int] = []
         self._index: dict[tuple[int, ...], int] = {}  # n-gram -> position of its last token
         self._indexed_to = 0  # n-grams ending before this position are indexed
+        self.match_n = 0  # length of the n-gram the last proposal matched (0: none)
 
     def begin(
         self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator
@@ -53,11 +54,13 @@ class NgramDrafter:
 
     def propose(self, context: list[int], k: int) -> Draft:
         self._extend(context)
+        self.match_n = 0
         if k <= 0:
             return Draft.empty()
         for n in range(min(self.max_n, len(context)), self.min_n - 1, -1):
             end = self._index.get(tuple(context[-n:]))
             if end is not None:
+                self.match_n = n
                 follow = context[end + 1 : end + 1 + k]
                 return Draft(torch.tensor(follow, dtype=torch.long))
         return Draft.empty()

@@ -18,6 +18,10 @@ Exactness: llama.cpp computes a k-token batch with other kernels than a
 one-token logits in the last bits; greedy output can then differ from plain
 decoding at a near-tie. llama.cpp's stderr logging is silenced unless
 SPECDECODE_DEBUG is set. Needs `pip install 'specdecode[cpu]'` (llama-cpp-python).
+
+Libraries: when `specdecode build-llama-cpp` has built llama.cpp for this CPU
+into the cache (AVX-512 without AMX, see llama_cpp_build.py), those are loaded
+instead of the wheel's (LLAMA_CPP_LIB_PATH, unless already set).
 """
 
 from __future__ import annotations
@@ -36,8 +40,29 @@ _backend_ready = False
 _log_callback = None  # the ctypes callback must outlive every llama.cpp call
 
 
+def use_cached_build() -> str | None:
+    """Before llama-cpp-python is first imported: point it at the cached build for
+    this CPU if there is one of the installed version. Returns the library folder
+    in use (None: the wheel's own)."""
+    import sys
+    from importlib import metadata
+
+    from specdecode.models import llama_cpp_build
+
+    if "llama_cpp" not in sys.modules and "LLAMA_CPP_LIB_PATH" not in os.environ:
+        folder = llama_cpp_build.build_dir()
+        try:
+            installed = metadata.version("llama_cpp_python")
+        except metadata.PackageNotFoundError:
+            installed = None
+        if installed == llama_cpp_build.VERSION and llama_cpp_build.is_built(folder):
+            os.environ["LLAMA_CPP_LIB_PATH"] = str(folder / "lib")
+    return os.environ.get("LLAMA_CPP_LIB_PATH")
+
+
 def available() -> bool:
     """Whether llama-cpp-python can be imported here."""
+    use_cached_build()
     try:
         import llama_cpp  # noqa: F401
     except Exception:  # ImportError, or a shared library that fails to load
@@ -48,6 +73,7 @@ def available() -> bool:
 def _lib():
     """The low-level bindings, initialised once (backend, quiet logging)."""
     global _backend_ready, _log_callback
+    use_cached_build()
     from llama_cpp import llama_cpp as lib
 
     if not _backend_ready:
@@ -89,10 +115,14 @@ class LlamaCppLM:
         extra_bufts: let llama.cpp repack weights into its extra CPU layouts
         (repacked Q4_0/Q4_K/IQ4_NL, AMX). None: on unless the library was built
         with AMX kernels (a wheel compiled on an AMX machine), whose matmul crashed
-        with a general protection fault in a VM here; turning them off also loses
-        the repacked layouts (slower)."""
+        in a VM here; turning them off also loses the repacked layouts (1.2x slower
+        decoding, 2x slower than the cached build: `specdecode build-llama-cpp`)."""
         lib = self._lib = _lib()
         self._model = self._ctx = self._batch = None
+        # llama.cpp's OpenMP threads and torch's (argmax, softmax over its logits)
+        # spin against each other on a small CPU: torch stays on one thread (13 %
+        # faster plain decoding on 2 cores).
+        torch.set_num_threads(1)
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no such GGUF file: {path}")
@@ -100,7 +130,7 @@ class LlamaCppLM:
         mparams.n_gpu_layers = 0
         if extra_bufts is None:
             extra_bufts = b"AMX_INT8 = 1" not in lib.llama_print_system_info()
-        mparams.use_extra_bufts = extra_bufts
+        mparams.use_extra_bufts = self.extra_bufts = extra_bufts
         self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             raise RuntimeError(f"llama.cpp could not load {path} (set SPECDECODE_DEBUG=1 "
@@ -238,4 +268,5 @@ class LlamaCppLM:
 
     def __repr__(self) -> str:
         return (f"LlamaCppLM({self.path.name}, ctx={self.max_seq_len}, "
-                f"threads={self.n_threads}/{self.n_threads_batch})")
+                f"threads={self.n_threads}/{self.n_threads_batch}"
+                f"{'' if self.extra_bufts else ', no repacked weights'})")

@@ -1,0 +1,232 @@
+"""specdecode on the llama.cpp backend vs llama.cpp's own decoding, side by side.
+
+    python bench/llama_cpp/compare.py --out bench/results/llama-cpp
+
+Builds llama.cpp's tools for this CPU into the cache (`specdecode build-llama-cpp`;
+~25 minutes once), starts llama-server three times on the default pair's GGUF
+files (plain; --spec-type draft-simple -md <draft> --spec-draft-n-max N;
+--spec-type ngram-mod) and loads specdecode on the llama.cpp backend (plain;
+the adaptive engine with the drafter it chooses; optionally the draft model at
+a fixed k). Then, for each prompt x temperature, every configuration runs in
+turn (interleaved), 128 new tokens, the same prompt token ids (the target's
+chat template) and pure temperature sampling (top-k/top-p/min-p off).
+
+Reported per configuration: decoding tokens/s (prefill excluded everywhere:
+llama-server reuses a cached prompt, so its prompt time is not comparable),
+median over prompts and per prompt class; speedup over llama.cpp plain paired
+per prompt; acceptance and tau (llama-server: draft_n_accepted / draft_n);
+greedy exact match against the same engine's plain output. Writes
+<out>.json and <out>.md. One heavy process: run nothing else meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specdecode.bench import workloads
+from specdecode.models import llama_cpp_build, registry
+from specdecode.sampling import SamplingParams
+
+
+@dataclass
+class Server:
+    label: str
+    args: list[str]
+    port: int = 0
+    proc: subprocess.Popen | None = None
+
+    def start(self, tools: Path, model: Path, ctx: int, threads: int) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        cmd = [str(tools / "bin" / "llama-server"), "-m", str(model), "-c", str(ctx), "-t",
+               str(threads), "-tb", str(threads), "--port", str(self.port), "-np", "1",
+               "--no-webui", *self.args]
+        env = {"LD_LIBRARY_PATH": str(tools / "lib"), "PATH": "/usr/bin:/bin"}
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health") as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"llama-server ({self.label}) exited: {cmd}") from None
+                time.sleep(0.5)
+        raise RuntimeError(f"llama-server ({self.label}) did not become healthy")
+
+    def complete(self, ids: list[int], n: int, temperature: float, seed: int) -> dict:
+        body = {"prompt": ids, "n_predict": n, "temperature": temperature, "top_k": 0,
+                "top_p": 1.0, "min_p": 0.0, "seed": seed, "cache_prompt": True,
+                "return_tokens": True}
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=900) as r:
+            out = json.loads(r.read())
+        t = out["timings"]
+        drafted, accepted = t.get("draft_n", 0), t.get("draft_n_accepted", 0)
+        return {"tokens": out["tokens"], "tps": t["predicted_per_second"],
+                "drafted": drafted, "accepted": accepted, "steps": None}
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+
+@dataclass
+class Engine:
+    label: str
+    llm: object
+    choice: str | None = None
+    runs: list = field(default_factory=list)
+
+    def complete(self, ids: list[int], n: int, temperature: float, seed: int) -> dict:
+        result = self.llm.generate(ids, SamplingParams(temperature=temperature, max_tokens=n),
+                                   seed, speculative=self.llm.drafter is not None)
+        s = result.stats
+        decode = s.wall_time - s.prefill_time
+        return {"tokens": result.token_ids, "tps": len(result.token_ids) / decode,
+                "drafted": s.drafted, "accepted": s.accepted, "steps": s.steps}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="bench/results/llama-cpp")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--temperatures", default="0,0.7")
+    ap.add_argument("--humaneval", type=int, default=5)
+    ap.add_argument("--code-edit", type=int, default=2)
+    ap.add_argument("--random", type=int, default=1)
+    ap.add_argument("--draft-n-max", type=int, default=8, help="llama.cpp draft-simple")
+    ap.add_argument("--draft-k", type=int, default=0,
+                    help="also run specdecode's draft model at this fixed k (0: skip)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    from specdecode.llm import LLM
+
+    tools = llama_cpp_build.build()
+    target, draft = (registry.resolve(name) for name in registry.PAIRS["default"])
+    prompts = (workloads.humaneval(args.humaneval) + workloads.code_edit(args.code_edit)
+               + workloads.random(args.random))
+    temps = [float(t) for t in args.temperatures.split(",")]
+
+    plain = LLM.load("default", drafter="none", backend="llama.cpp", max_seq_len=4096)
+    auto = LLM.load("default", backend="llama.cpp", max_seq_len=4096)
+    engines = [Engine("specdecode plain", plain),
+               Engine(f"specdecode {auto.info.drafter} adaptive", auto, auto.info.choice)]
+    if args.draft_k:
+        fixed = LLM.load("default", drafter="draft-model", k=args.draft_k,
+                         backend="llama.cpp", adaptive=False, max_seq_len=4096)
+        engines.append(Engine(f"specdecode draft-model k={args.draft_k}", fixed))
+    servers = [Server("llama.cpp plain", []),
+               Server(f"llama.cpp draft-simple n_max={args.draft_n_max}",
+                      ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max",
+                       str(args.draft_n_max), "-td", str(args.threads)]),
+               Server("llama.cpp ngram-mod", ["--spec-type", "ngram-mod"])]
+    rows = []
+    try:
+        for server in servers:
+            server.start(tools, target, 4096, args.threads)
+        configs = [*servers, *engines]
+        tok = plain.tokenizer
+        for c in configs:  # warm-up: load pages, pick kernels
+            c.complete(prompts[0].ids(tok)[:64], 8, 0.0, 0)
+        for t in temps:
+            for p in prompts:
+                ids = p.ids(tok)
+                for c in configs:
+                    out = c.complete(ids, args.max_tokens, t, args.seed)
+                    rows.append({"workload": p.workload, "prompt": p.name, "temperature": t,
+                                 "config": c.label, **out})
+                    print(f"{p.name:14} T={t:<4} {c.label:38} {out['tps']:6.2f} tok/s "
+                          f"drafted {out['drafted']:4} accepted {out['accepted']:4}",
+                          file=sys.stderr, flush=True)
+    finally:
+        for server in servers:
+            server.stop()
+    report = summarise(rows, [c.label for c in configs], temps)
+    meta = {"command": " ".join(sys.argv), "machine": platform.processor() or platform.machine(),
+            "cpu": _cpu(), "threads": args.threads, "llama_cpp_build": str(tools),
+            "choice": engines[1].choice, "costs": auto.info.costs}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out + ".json").write_text(json.dumps({"meta": meta, "summary": report,
+                                                    "runs": rows}, indent=1))
+    Path(args.out + ".md").write_text(markdown(meta, report))
+    print(markdown(meta, report))
+    return 0
+
+
+def summarise(rows: list[dict], labels: list[str], temps: list[float]) -> list[dict]:
+    """Per (prompt class, temperature, config): median decode tok/s, paired speedup
+    over llama.cpp plain, acceptance, tau and greedy exact match vs same-engine plain."""
+    out = []
+    by = {(r["prompt"], r["temperature"], r["config"]): r for r in rows}
+    for t in temps:
+        for wl in dict.fromkeys(r["workload"] for r in rows):
+            names = list(dict.fromkeys(r["prompt"] for r in rows if r["workload"] == wl))
+            for label in labels:
+                runs = [by[(n, t, label)] for n in names]
+                base = [by[(n, t, "llama.cpp plain")] for n in names]
+                engine_plain = "llama.cpp plain" if label.startswith("llama") else \
+                    "specdecode plain"
+                ref = [by[(n, t, engine_plain)] for n in names]
+                drafted = sum(r["drafted"] for r in runs)
+                accepted = sum(r["accepted"] for r in runs)
+                steps = [r["steps"] for r in runs if r["steps"]]
+                tokens = sum(len(r["tokens"]) for r in runs)
+                out.append({
+                    "workload": wl, "temperature": t, "config": label,
+                    "tps": statistics.median(r["tps"] for r in runs),
+                    "speedup_vs_llama_plain": statistics.median(
+                        r["tps"] / b["tps"] for r, b in zip(runs, base, strict=True)),
+                    "acceptance": accepted / drafted if drafted else None,
+                    "tau": tokens / sum(steps) if steps else None,
+                    "exact": (sum(r["tokens"] == f["tokens"] for r, f in zip(
+                        runs, ref, strict=True)), len(runs))
+                    if t == 0 and label != engine_plain else None,
+                })
+    return out
+
+
+def markdown(meta: dict, report: list[dict]) -> str:
+    lines = ["# specdecode (llama.cpp backend) vs llama.cpp\n", f"`{meta['command']}`\n",
+             f"CPU: {meta['cpu']}, {meta['threads']} threads; llama.cpp built at "
+             f"`{meta['llama_cpp_build']}`.\n", f"specdecode's choice: {meta['choice']}\n",
+             f"Cost curve c(b) in plain steps: {meta['costs']}\n",
+             "Decoding tokens/s (prefill excluded), median over the prompts of a class; "
+             "speedup paired per prompt against llama.cpp plain.\n",
+             "| workload | T | configuration | tok/s | vs llama.cpp plain | acceptance | tau "
+             "| greedy identical to its plain |", "|---|---|---|---|---|---|---|---|"]
+    for r in report:
+        acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
+        tau = "-" if r["tau"] is None else f"{r['tau']:.2f}"
+        exact = "-" if r["exact"] is None else f"{r['exact'][0]}/{r['exact'][1]}"
+        lines.append(f"| {r['workload']} | {r['temperature']:g} | {r['config']} | "
+                     f"{r['tps']:.2f} | {r['speedup_vs_llama_plain']:.2f}x | {acc} | {tau} | "
+                     f"{exact} |")
+    return "\n".join(lines) + "\n"
+
+
+def _cpu() -> str:
+    from specdecode.costs import cpu_name
+
+    return cpu_name()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

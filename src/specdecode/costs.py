@@ -1,0 +1,113 @@
+"""Measured step costs: how long one forward pass over b new tokens takes.
+
+The cost curve c(b) of the target decides what a verification of k draft
+tokens (b = k + 1) costs relative to one plain step (b = 1); on a CPU it is
+far from flat (memory-bound at b = 1, compute-bound as b grows).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from specdecode.speclen import CostModel
+
+
+def forward_cost_curve(
+    model,
+    context_ids: Sequence[int],
+    sizes: Sequence[int],
+    repeats: int = 3,
+) -> dict[int, float]:
+    """Median seconds of one `forward` over b new tokens after `context_ids` are cached.
+
+    Each size runs once untimed first (kernel selection for a new shape), then
+    `repeats` timed passes, rolling the cache back each time. The cache is left
+    holding `context_ids`.
+    """
+    model.prefill(torch.tensor(list(context_ids)))
+    base = model.cached_len
+    feed = torch.tensor((list(context_ids) * (max(sizes) // max(1, len(context_ids)) + 1))
+                        [:max(sizes)])  # [max(sizes)] int64
+    curve = {}
+    for b in sizes:
+        times = []
+        for r in range(repeats + 1):
+            model.rollback(base)
+            start = time.perf_counter()
+            model.forward(feed[:b], last_n=b)
+            if r:
+                times.append(time.perf_counter() - start)
+        curve[b] = statistics.median(times)
+    model.rollback(base)
+    return curve
+
+
+def default_sizes(max_k: int) -> list[int]:
+    """Batch sizes to measure for verifications of up to max_k draft tokens."""
+    sizes = set(range(1, min(max_k + 1, 9) + 1))
+    sizes |= {b for b in (11, 13, 17, 21, 25, 33, 49) if b <= max_k + 1}
+    sizes.add(max_k + 1)
+    return sorted(sizes)
+
+
+def cpu_name() -> str:
+    """The CPU's model name (part of a cost curve's cache key)."""
+    import platform
+
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def costs_dir() -> Path:
+    """$SPECDECODE_CACHE/costs: measured cost curves, one JSON file per key."""
+    from specdecode.models.registry import cache_dir
+
+    return cache_dir() / "costs"
+
+
+def cached_costs(
+    target,
+    draft=None,
+    *,
+    key: str,
+    max_k: int,
+    context_len: int = 256,
+    refresh: bool = False,
+) -> tuple[CostModel, bool]:
+    """The target's cost curve c(b), b = 1..max_k + 1 (and the draft model's
+    one-token cost relative to it), measured once per `key` (model files,
+    backend, threads, machine) and kept under $SPECDECODE_CACHE/costs/.
+
+    Returns (costs, from_cache). Measuring takes a few seconds of forward passes
+    after a `context_len`-token context; it leaves both caches empty.
+    """
+    path = costs_dir() / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
+    sizes = default_sizes(max_k)
+    if path.is_file() and not refresh:
+        with contextlib.suppress(ValueError, KeyError, OSError):
+            saved = json.loads(path.read_text())
+            curve = {int(b): float(c) for b, c in saved["verify"].items()}
+            if saved["key"] == key and set(sizes) <= set(curve):
+                return CostModel(curve, float(saved["draft_per_token"])), True
+    context = [(i * 7919) % 1000 + 100 for i in range(context_len)]  # any in-vocabulary ids
+    curve = forward_cost_curve(target, context, sizes)
+    target.rollback(0)
+    draft_per_token = 0.0
+    if draft is not None:
+        draft_per_token = forward_cost_curve(draft, context, [1])[1] / curve[1]
+        draft.rollback(0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"key": key, "verify": curve, "draft_per_token": draft_per_token},
+                               indent=1))
+    return CostModel(curve, draft_per_token), False

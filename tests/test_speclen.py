@@ -1,0 +1,148 @@
+"""Adaptive speculation length: cost arithmetic, the policy, and losslessness."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import OracleDrafter, plain_greedy, tiny
+from specdecode import DraftModelDrafter, NgramDrafter, SamplingParams, SpeculativeDecoder
+from specdecode.speclen import CostModel, LengthPolicy, best_length
+
+# llama.cpp's CPU curve quoted in issue 6 (ms): up to b = 8 a batch costs almost b steps.
+LLAMA_CPP = CostModel({1: 35, 2: 65, 3: 83, 4: 106, 8: 221, 16: 253, 32: 452})
+
+
+def test_cost_curve_is_normalised_and_interpolated():
+    assert LLAMA_CPP.c(1) == 1.0
+    assert LLAMA_CPP.c(16) == pytest.approx(253 / 35)
+    assert LLAMA_CPP.c(6) == pytest.approx((106 + (221 - 106) / 2) / 35)
+    assert LLAMA_CPP.c(48) == pytest.approx((452 + 16 * (452 - 253) / 16) / 35)  # last slope
+    assert CostModel.flat().c(17) == 1.0
+    with pytest.raises(ValueError, match="c\\(1\\)"):
+        CostModel({2: 1.0})
+
+
+def test_best_length_weighs_tokens_against_cost():
+    # Flat cost: any positive acceptance makes the longest draft best.
+    assert best_length(CostModel.flat(), [0.5] * 8, 8) == (8, pytest.approx(2 - 0.5 ** 8))
+    # llama.cpp's curve: 16 sure tokens for 7.2 steps pay, 4 sure tokens for 3.03 a little.
+    assert best_length(LLAMA_CPP, [1.0] * 15, 15) == (15, pytest.approx(16 * 35 / 253))
+    assert best_length(LLAMA_CPP, [1.0] * 3, 3) == (3, pytest.approx(4 * 35 / 106))
+    # ...but at 60 % acceptance no length beats a plain step.
+    assert best_length(LLAMA_CPP, [0.6] * 15, 15) == (0, 1.0)
+    # At 90 %: 1.9 tokens for c(2) = 1.86 steps pays a little, 2.71 for c(3) = 2.37 more.
+    assert best_length(LLAMA_CPP, [0.9] * 2, 2) == (2, pytest.approx(2.71 * 35 / 83))
+
+
+def test_drafting_cost_counts_unless_already_spent():
+    costs = CostModel({1: 1.0, 9: 1.0}, draft_per_token=0.6)
+    # 8 drafts at 0.9: 1 + sum 0.9^i = 6.13 tokens for 1 + 4.8 steps -> 1.06x at L=8;
+    length, rate = best_length(costs, [0.9] * 8, 8)
+    expected = max((1 + sum(0.9 ** i for i in range(1, n + 1))) / (1 + 0.6 * n)
+                   for n in range(1, 9))
+    assert rate == pytest.approx(expected) and length > 0
+    assert best_length(costs, [0.5] * 8, 8) == (0, 1.0)
+    assert best_length(costs, [0.5] * 8, 8, drafted=True)[0] == 8  # verifying is free
+
+
+def test_policy_learns_acceptance_and_relaxes_to_its_prior():
+    costly = CostModel({1: 1.0, 9: 1.0}, draft_per_token=0.3)
+    policy = LengthPolicy(costly)
+    assert policy.acceptance(3) == [0.75] * 3  # the prior
+    assert policy.length(8) > 0
+    for _ in range(40):  # every draft rejected at its first token
+        policy.observe(8, 0)
+    a = policy.acceptance(8)
+    assert a[0] < 0.2 and a[1] == pytest.approx(0.75)  # position 2 never judged
+    assert policy.length(8) == 0
+    idle = 0
+    while policy.length(8) == 0:  # steps without a draft: drift back to the prior
+        policy.observe(0, 0)
+        idle += 1
+    assert 5 < idle < 60
+    for _ in range(40):  # long drafts all accepted
+        policy.observe(8, 8)
+    assert policy.length(8) == 8
+    assert "draft length 8 of 8" in policy.describe(8)
+
+
+def test_free_drafts_are_judged_in_hindsight_position_by_position():
+    policy = LengthPolicy(LLAMA_CPP, prior=(3.0, 4.0), decay=1.0)  # plain counts
+    sequence = list(range(100))
+    policy.watch(10, sequence[10:20])  # ten right tokens
+    policy.resolve(sequence[:10])  # nothing known yet
+    assert policy.acceptance(2) == [0.75, 0.75] and len(policy._watched) == 1
+    policy.resolve(sequence[:14])  # four confirmed: position 1 + 3 pooled, still watched
+    assert policy.acceptance(2) == [4 / 5, 6 / 7] and len(policy._watched) == 1
+    policy.resolve(sequence[:30])  # the other six: done
+    assert policy.acceptance(2) == [4 / 5, 12 / 13] and policy._watched == []
+    policy.watch(40, [40, 41, -1, 43])  # wrong at position 3: judged there, then dropped
+    policy.resolve(sequence[:42])
+    assert len(policy._watched) == 1
+    policy.resolve(sequence[:43])
+    assert policy.acceptance(3) == [5 / 6, 13 / 15, 13 / 15] and policy._watched == []
+    policy.watch(99, [99, 100])  # the sequence never gets past 99: forgotten
+    policy.forget_watched()
+    policy.resolve(sequence + [100])
+    assert policy.acceptance(1) == [5 / 6]
+
+
+def test_long_copies_earn_long_drafts_within_a_few_steps():
+    """Every step proposes 64 tokens of a long copy: the policy starts at its prior
+    (short drafts on llama.cpp's curve) and reaches the full length within a few steps."""
+    policy = LengthPolicy(LLAMA_CPP)
+    sequence, position, lengths = list(range(1000)), 100, []
+    for _ in range(12):
+        policy.resolve(sequence[:position])
+        policy.watch(position, sequence[position:position + 64])
+        length = policy.length(64, drafted=True)
+        lengths.append(length)
+        position += length + 1
+    assert lengths[0] < 16 and lengths[-1] == 64
+
+
+@pytest.mark.parametrize("costs", [LLAMA_CPP, CostModel({1: 1.0, 5: 1.0}, 0.5)],
+                         ids=["llama.cpp", "flat+draft"])
+def test_greedy_output_is_unchanged_by_the_policy(target, costs):
+    draft = tiny(seed=2)
+    for prompt in ([3, 141, 59, 26], [1, 2, 3, 1, 2, 3, 1, 2]):
+        plain = plain_greedy(target, prompt, 40)
+        for drafter in (DraftModelDrafter(draft, target), NgramDrafter(max_n=2)):
+            decoder = SpeculativeDecoder(target, drafter, 8, length_policy=LengthPolicy(costs))
+            out = decoder.generate(prompt, SamplingParams(max_tokens=40, ignore_eos=True))
+            assert out.token_ids == plain
+
+
+@pytest.mark.parametrize(("costs", "right", "lengths"), [
+    # Right 2 of 8: a_1 = 1, later positions 1 in 2 -> 2 tokens for c(2) = 1.86 steps.
+    (LLAMA_CPP, 2, {1}),
+    (LLAMA_CPP, 0, {0}),  # nothing right: plain steps
+    (CostModel.flat(), 6, {8}),  # verifying is free: the whole draft
+])
+def test_policy_cuts_drafts_in_the_engine(target, costs, right, lengths):
+    """A scripted drafter right `right` tokens of 8 every step: the policy learns (in
+    hindsight) where its drafts go wrong and verifies only what pays."""
+    prompt = [3, 141, 59]
+    truth = prompt + plain_greedy(target, prompt, 80)
+    drafter = OracleDrafter(truth, target.vocab_size, [right] * 100)
+    decoder = SpeculativeDecoder(target, drafter, 8, length_policy=LengthPolicy(costs))
+    out = decoder.generate(prompt, SamplingParams(max_tokens=60, ignore_eos=True))
+    assert out.token_ids == truth[len(prompt):len(prompt) + 60]
+    middle = len(out.stats.drafted_per_step) // 2  # learnt, and before the budget ends
+    assert set(out.stats.drafted_per_step[middle:middle + 3]) == lengths
+
+
+def test_auto_drafter_keeps_a_draft_model_only_where_it_can_pay():
+    from types import SimpleNamespace
+
+    from specdecode.llm import choose_drafter
+
+    closed = []
+    draft = SimpleNamespace(model=SimpleNamespace(close=lambda: closed.append(True)))
+    cheap = CostModel({1: 1.0, 9: 1.1}, draft_per_token=0.1)  # a GPU-like curve
+    assert choose_drafter(cheap, draft, 8)[:2] == (draft, "draft-model") and not closed
+    costly = CostModel(LLAMA_CPP.verify, draft_per_token=0.5)  # llama.cpp on 2 cores
+    proposer, name, why = choose_drafter(costly, draft, 16)
+    assert (proposer, name) == (None, "ngram") and closed == [True]
+    assert "n-gram" in why and "c_draft 0.50" in why and "too little to pay" in why
+    assert choose_drafter(cheap, None, 8)[1:] == ("ngram", "chose n-gram lookup (no draft model)")
