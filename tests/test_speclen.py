@@ -48,12 +48,12 @@ def test_drafting_cost_counts_unless_already_spent():
 def test_policy_learns_acceptance_and_relaxes_to_its_prior():
     costly = CostModel({1: 1.0, 9: 1.0}, draft_per_token=0.3)
     policy = LengthPolicy(costly)
-    assert policy.acceptance(3) == [0.75] * 3  # the prior
+    assert policy.acceptance(3) == [0.9] * 3  # the prior
     assert policy.length(8) > 0
     for _ in range(40):  # every draft rejected at its first token
         policy.observe(8, 0)
     a = policy.acceptance(8)
-    assert a[0] < 0.2 and a[1] == pytest.approx(0.75)  # position 2 never judged
+    assert a[0] < 0.2 and a[1] == pytest.approx(0.9)  # position 2 never judged
     assert policy.length(8) == 0
     idle = 0
     while policy.length(8) == 0:  # steps without a draft: drift back to the prior
