@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specdecode.bench import workloads
+from specdecode.costs import cpu_name
 from specdecode.models import llama_cpp_build, registry
 from specdecode.sampling import SamplingParams
 
@@ -161,7 +162,7 @@ def main() -> int:
             server.stop()
     report = summarise(rows, [c.label for c in configs], temps)
     meta = {"command": " ".join(sys.argv), "machine": platform.processor() or platform.machine(),
-            "cpu": _cpu(), "threads": args.threads, "llama_cpp_build": str(tools),
+            "cpu": cpu_name(), "threads": args.threads, "llama_cpp_build": str(tools),
             "choice": engines[1].choice, "costs": auto.info.costs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps({"meta": meta, "summary": report,
@@ -220,12 +221,6 @@ def markdown(meta: dict, report: list[dict]) -> str:
                      f"{r['tps']:.2f} | {r['speedup_vs_llama_plain']:.2f}x | {acc} | {tau} | "
                      f"{exact} |")
     return "\n".join(lines) + "\n"
-
-
-def _cpu() -> str:
-    from specdecode.costs import cpu_name
-
-    return cpu_name()
 
 
 if __name__ == "__main__":

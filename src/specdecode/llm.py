@@ -179,7 +179,7 @@ class LLM:
                                                 confidence_threshold=draft_confidence)
         policy = None
         if adaptive and drafter != "none":
-            costs = measured_costs(t.model, proposer, info, k)
+            costs = measured_costs(t.model, proposer, info, k, (target_path, draft_path))
             if drafter == "auto":
                 proposer, drafter, info.choice = choose_drafter(costs, proposer, k)
                 info.drafter = drafter
@@ -246,28 +246,22 @@ class LLM:
                           len(prompt_ids), time.perf_counter() - start)
 
 
-def measured_costs(target: CausalLM, drafter: Drafter | None, info: LoadInfo,
-                   k: int) -> CostModel:
+def measured_costs(target: CausalLM, drafter: Drafter | None, info: LoadInfo, k: int,
+                   files: tuple[Path, Path | None]) -> CostModel:
     """The target's cost curve (and the draft model's per-token cost), cached per
     model files, backend, threads and machine; recorded in `info.costs`."""
     from specdecode.costs import cached_costs, cpu_name
 
     draft = getattr(drafter, "model", None)
-    key = "|".join(map(str, (info.backend, repr(target), torch.get_num_threads(), info.target,
-                             info.draft, _size(info.target), _size(info.draft), cpu_name())))
+    stamps = [(str(f), f.stat().st_size if f.is_file() else None) for f in files if f]
+    key = "|".join(map(str, (info.backend, repr(target), torch.get_num_threads(), info.draft,
+                             stamps, cpu_name())))
     start = time.perf_counter()
     costs, cached = cached_costs(target, draft, key=key, max_k=max(k, 32))
     info.seconds["costs"] = time.perf_counter() - start
     info.costs = {"c": {b: round(c, 3) for b, c in costs.verify.items()},
                   "c_draft": round(costs.draft_per_token, 3), "from_cache": cached}
     return costs
-
-
-def _size(path: str | None) -> int | None:
-    if path is None:
-        return None
-    p = Path(path.split(" (")[0])
-    return p.stat().st_size if p.is_file() else None
 
 
 def choose_drafter(
