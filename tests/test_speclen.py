@@ -81,10 +81,10 @@ def test_free_drafts_are_judged_in_hindsight_position_by_position():
     assert len(policy._watched) == 1
     policy.resolve(sequence[:43])
     assert policy.acceptance(3) == [5 / 6, 13 / 15, 13 / 15] and policy._watched == []
-    policy.watch(99, [99, 100])  # the sequence never gets past 99: forgotten
-    policy.forget_watched()
+    policy.watch(99, [99, 100])  # the sequence never gets past 99: a new request forgets it
+    policy.begin()
     policy.resolve(sequence + [100])
-    assert policy.acceptance(1) == [5 / 6]
+    assert policy.acceptance(2) == [0.75, 0.75] and policy._watched == []
 
 
 def test_long_copies_earn_long_drafts_within_a_few_steps():
@@ -146,3 +146,28 @@ def test_auto_drafter_keeps_a_draft_model_only_where_it_can_pay():
     assert (proposer, name) == (None, "ngram") and closed == [True]
     assert "n-gram" in why and "c_draft 0.50" in why and "too little to pay" in why
     assert choose_drafter(cheap, None, 8)[1:] == ("ngram", "chose n-gram lookup (no draft model)")
+
+
+def test_a_request_starts_from_the_prior_not_from_the_last_request():
+    """A long copy, then a request whose drafts are always wrong: the second
+    request's draft lengths are those of a fresh policy (carried over, the copy's
+    confident estimates kept verifying wrong drafts on a random prompt)."""
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+
+    def second_request(decoder: SpeculativeDecoder) -> list[int]:
+        prompt = [7, 8, 9]
+        truth = prompt + plain_greedy(target_model, prompt, 50)
+        decoder.drafter = OracleDrafter(truth, target_model.vocab_size, [0] * 100)
+        return decoder.generate(prompt, params).stats.drafted_per_step
+
+    target_model = tiny(seed=1)
+    copy_prompt = [3, 141, 59]
+    copy_truth = copy_prompt + plain_greedy(target_model, copy_prompt, 80)
+    used = SpeculativeDecoder(target_model, OracleDrafter(copy_truth, target_model.vocab_size,
+                                                          [8] * 100),
+                              8, length_policy=LengthPolicy(LLAMA_CPP))
+    first = used.generate(copy_prompt, params).stats.drafted_per_step
+    assert max(first) == 8
+    fresh = SpeculativeDecoder(target_model, None, 8, length_policy=LengthPolicy(LLAMA_CPP))
+    assert second_request(used) == second_request(fresh)
+    assert sum(second_request(fresh)) <= 4  # learnt in a step or two

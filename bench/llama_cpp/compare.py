@@ -11,6 +11,12 @@ a fixed k). Then, for each prompt x temperature, every configuration runs in
 turn (interleaved), 128 new tokens, the same prompt token ids (the target's
 chat template) and pure temperature sampling (top-k/top-p/min-p off).
 
+Both sides run with flash attention off (llama.cpp's automatic choice turns it
+on; on this CPU kind it makes a 49-token batch at 1.8k tokens of context 1.4x
+slower: llama-bench pp49 @ d1800 58 t/s off, 41 on). llama-server's ngram-mod
+keeps its n-gram hash across requests, so its server restarts before each
+request: every configuration starts a request with an empty n-gram memory.
+
 Reported per configuration: decoding tokens/s (prefill excluded everywhere:
 llama-server reuses a cached prompt, so its prompt time is not comparable),
 median over prompts and per prompt class; speedup over llama.cpp plain paired
@@ -43,16 +49,19 @@ from specdecode.sampling import SamplingParams
 class Server:
     label: str
     args: list[str]
+    fresh: bool = False  # restart before every request: no memory carried across requests
     port: int = 0
     proc: subprocess.Popen | None = None
+    launch: tuple = ()
 
     def start(self, tools: Path, model: Path, ctx: int, threads: int) -> None:
+        self.launch = (tools, model, ctx, threads)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         cmd = [str(tools / "bin" / "llama-server"), "-m", str(model), "-c", str(ctx), "-t",
                str(threads), "-tb", str(threads), "--port", str(self.port), "-np", "1",
-               "--no-webui", *self.args]
+               "-fa", "off", "--no-webui", *self.args]  # flash attention: as ours, see below
         env = {"LD_LIBRARY_PATH": str(tools / "lib"), "PATH": "/usr/bin:/bin"}
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
@@ -85,6 +94,11 @@ class Server:
         if self.proc is not None:
             self.proc.terminate()
             self.proc.wait(30)
+            self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start(*self.launch)
 
 
 @dataclass
@@ -138,7 +152,10 @@ def main() -> int:
                Server(f"llama.cpp draft-simple n_max={args.draft_n_max}",
                       ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max",
                        str(args.draft_n_max), "-td", str(args.threads)]),
-               Server("llama.cpp ngram-mod", ["--spec-type", "ngram-mod"])]
+               # ngram-mod's n-gram hash outlives a request (it is shared by all slots and
+               # reset only when full): a repeated prompt would be copied from the server's
+               # memory of its earlier answer. Ours starts every request empty; so does it.
+               Server("llama.cpp ngram-mod", ["--spec-type", "ngram-mod"], fresh=True)]
     rows = []
     try:
         for server in servers:
@@ -151,6 +168,9 @@ def main() -> int:
             for p in prompts:
                 ids = p.ids(tok)
                 for c in configs:
+                    if getattr(c, "fresh", False):
+                        c.restart()
+                        c.complete(ids[:64], 1, 0.0, 0)  # warm-up
                     out = c.complete(ids, args.max_tokens, t, args.seed)
                     rows.append({"workload": p.workload, "prompt": p.name, "temperature": t,
                                  "config": c.label, **out})

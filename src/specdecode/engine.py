@@ -128,7 +128,7 @@ class SpeculativeDecoder:
         if self.drafter is not None:
             self.drafter.begin(prompt, params, generator)
         if self.length_policy is not None:
-            self.length_policy.forget_watched()
+            self.length_policy.begin()
         stats.prefill_time = time.perf_counter() - start
 
         context, output = list(prompt), []

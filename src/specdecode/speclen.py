@@ -115,8 +115,16 @@ class LengthPolicy:
     def __post_init__(self) -> None:
         if self.pool_from < 1:
             raise ValueError("pool_from must be >= 1")
+        self.begin()
+
+    def begin(self) -> None:
+        """A new request: estimates back to the prior, nothing watched. Requests
+        differ (an editing request copies, the next one may not): carried over,
+        a copy's pooled estimate (hundreds of decayed observations near 1.0) kept
+        drafting ~5 tokens a step at 4 % acceptance on a random prompt (0.58x)."""
         self._accepted = [self.prior[0]] * self.pool_from
         self._tried = [self.prior[1]] * self.pool_from
+        self._watched = []
 
     def acceptance(self, k: int) -> list[float]:
         """Current a_1..a_k estimates."""
@@ -168,10 +176,6 @@ class LengthPolicy:
                 self._count(events, judged, judged + agree, rejected=True)
         self._watched = waiting
         self._update(events)
-
-    def forget_watched(self) -> None:
-        """Drop proposals that can no longer be judged (the request ended)."""
-        self._watched = []
 
     def _count(self, events: list[list[int]], first: int, end: int, rejected: bool) -> None:
         """Positions first..end-1 accepted, and position `end` rejected if `rejected`."""

@@ -77,13 +77,21 @@ class Attention(nn.Module):
         end = start + t
         k_cache[:, start:end] = k[0]
         v_cache[:, start:end] = v[0]
-        # A fresh prefill (start 0, no mask given) is plain causal attention, which
-        # lets SDPA skip the masked half instead of reading a [T, T] mask.
-        causal = mask is None and start == 0 and t > 1
-        out = F.scaled_dot_product_attention(
-            q, k_cache[None, :, :end], v_cache[None, :, :end], attn_mask=mask,
-            is_causal=causal, enable_gqa=self.num_heads != self.num_kv_heads,
-        )  # [1, heads, T, head_dim]
+        keys, values = k_cache[None, :, :end], v_cache[None, :, :end]
+        group = self.num_heads // self.num_kv_heads
+        if mask is None and start == 0 and t > 1:
+            # A fresh prefill is plain causal attention, which lets SDPA skip the
+            # masked half instead of reading a [T, T] mask.
+            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True,
+                                                 enable_gqa=group > 1)
+        else:
+            # Decoding / verification: fold the query heads that share a KV head into
+            # one block of rows, so that SDPA reads each cached head once (with
+            # enable_gqa it copies them `group` times: 4x slower at 2k tokens on CPU).
+            rows = q.reshape(1, self.num_kv_heads, group * t, self.head_dim)
+            out = F.scaled_dot_product_attention(
+                rows, keys, values, attn_mask=None if mask is None else mask.repeat(group, 1),
+            ).view(1, self.num_heads, t, self.head_dim)  # [1, heads, T, head_dim]
         return self.o_proj(out.transpose(1, 2).reshape(1, t, -1))
 
 
@@ -95,7 +103,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [1, T, hidden]
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        # In place: no fresh [T, intermediate] buffers (a 2k-token prefill spends
+        # ~1 s of 5.5 in the kernel zeroing the pages of new ones).
+        gate = F.silu(self.gate_proj(x), inplace=True)
+        return self.down_proj(gate.mul_(self.up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
