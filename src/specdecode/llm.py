@@ -113,7 +113,7 @@ class LLM:
         measured cost curve (cached per model and machine) and the acceptance seen
         so far (speclen.py); None: on for the llama.cpp backend, whose small
         verification batches cost almost a plain step per token. drafter "auto"
-        (needs the costs): the draft model if it can pay for itself at 90 %
+        (needs the costs): the draft model if it would gain 1.25x at 90 %
         acceptance, else n-gram lookup; the policy still falls back to plain
         steps wherever drafts do not pay. `info.choice` says what was chosen.
 
