@@ -13,7 +13,9 @@ chat template) and pure temperature sampling (top-k/top-p/min-p off).
 
 Both sides run with flash attention off (llama.cpp's automatic choice turns it
 on; on this CPU kind it makes a 49-token batch at 1.8k tokens of context 1.4x
-slower: llama-bench pp49 @ d1800 58 t/s off, 41 on). llama-server's ngram-mod
+slower: llama-bench pp49 @ d1800 58 t/s off, 41 on); specdecode's default keeps
+it on (closer agreement of batches with one-token steps), so this script sets
+SPECDECODE_FLASH_ATTN=off unless it is set. llama-server's ngram-mod
 keeps its n-gram hash across requests, so its server restarts before each
 request: every configuration starts a request with an empty n-gram memory.
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import socket
 import statistics
@@ -133,6 +136,8 @@ def main() -> int:
     args = ap.parse_args()
 
     from specdecode.llm import LLM
+
+    os.environ.setdefault("SPECDECODE_FLASH_ATTN", "off")  # both sides, see the module doc
 
     tools = llama_cpp_build.build()
     target, draft = (registry.resolve(name) for name in registry.PAIRS["default"])

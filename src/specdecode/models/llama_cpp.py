@@ -104,17 +104,20 @@ class LlamaCppLM:
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
         n_batch: int = 512,
-        flash_attn: bool | None = False,
+        flash_attn: bool | None = None,
         extra_bufts: bool | None = None,
     ) -> None:
         """path: a GGUF file. max_seq_len: context size in tokens (default: the
         model's training context, at most 8192). n_threads: threads for 1-token
         steps, n_threads_batch: for batches (default: all CPUs available).
         n_batch: most tokens per llama_decode call (longer inputs are split).
-        flash_attn: True/False, or None for llama.cpp's automatic choice (on, for
-        CPUs). Off by default: on this CPU kind, at 1.8k tokens of context, a
-        49-token verification takes 947 ms without it and 1267 with it (b=17:
-        432 vs 551; one-token steps equal; llama-bench pp49 @ d1800: 58 vs 41 t/s).
+        flash_attn: True/False, or None: $SPECDECODE_FLASH_ATTN (on / off / auto),
+        else llama.cpp's automatic choice (on, for CPUs). Off is faster on this
+        CPU kind: at 1.8k tokens of context a 49-token verification takes 947 ms
+        without it and 1267 with it (b=17: 432 vs 551; one-token steps equal;
+        llama-bench pp49 @ d1800: 58 vs 41 t/s); but then even 2-token batches
+        differ from one-token steps in the last bits (SmolLM2 Q4_1: greedy
+        speculative output left plain decoding's at k=1), so exactness keeps it on.
         extra_bufts: let llama.cpp repack weights into its extra CPU layouts
         (repacked Q4_0/Q4_K/IQ4_NL, AMX). None: on unless the library was built
         with AMX kernels (a wheel compiled on an AMX machine), whose matmul crashed
@@ -149,6 +152,9 @@ class LlamaCppLM:
         self.n_threads = n_threads or default_threads()
         self.n_threads_batch = n_threads_batch or self.n_threads
         self.n_batch = min(n_batch, max_seq_len)
+        if flash_attn is None:
+            flash_attn = {"on": True, "off": False}.get(
+                os.environ.get("SPECDECODE_FLASH_ATTN", "auto").lower())
         self.flash_attn = flash_attn
 
         cparams = lib.llama_context_default_params()
