@@ -2,7 +2,8 @@
 
     python bench/llama_cpp/plain_gap.py
 
-Same build, GGUF, prompt ids (HumanEval/0), 128 greedy tokens, EOS ignored.
+Same build, GGUF, prompt ids (HumanEval/0), 128 greedy tokens, EOS ignored,
+flash attention off on both sides.
 llama-server's decoding speed is its own `predicted_per_second` (also checked
 against the request's wall time minus its prompt time); ours is a bare loop of
 one-token `LlamaCppLM.forward` calls and argmax, no engine. A diagnostic for
@@ -12,6 +13,7 @@ the plain-step gap in compare.py's table. One heavy process: run nothing else.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import urllib.request
@@ -28,6 +30,7 @@ from specdecode.models.llama_cpp import LlamaCppLM  # noqa: E402
 
 
 def main(repeats: int = 2, n: int = 128) -> None:
+    os.environ.setdefault("SPECDECODE_FLASH_ATTN", "off")  # as compare.py: off on both sides
     tools = llama_cpp_build.build()
     target = registry.resolve("default")
     ids = workloads.humaneval(1)[0].ids(loading.load_tokenizer(target))
