@@ -64,7 +64,8 @@ class Server:
             self.port = s.getsockname()[1]
         cmd = [str(tools / "bin" / "llama-server"), "-m", str(model), "-c", str(ctx), "-t",
                str(threads), "-tb", str(threads), "--port", str(self.port), "-np", "1",
-               "-fa", "off", "--no-webui", *self.args]  # flash attention: as ours, see below
+               "-fa", os.environ.get("SPECDECODE_FLASH_ATTN", "auto"),  # as ours: see the doc
+               "--no-webui", *self.args]
         env = {"LD_LIBRARY_PATH": str(tools / "lib"), "PATH": "/usr/bin:/bin"}
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
