@@ -37,8 +37,8 @@ def smol() -> LlamaCppLM:
 
 
 @pytest.fixture(scope="module")
-def smol_draft() -> LlamaCppLM:
-    return LlamaCppLM(real.path("smollm2-135m"), max_seq_len=512, n_threads=2)
+def smol_draft() -> LlamaCppLM:  # the file mapped, not read (the other way of loading)
+    return LlamaCppLM(real.path("smollm2-135m"), max_seq_len=512, n_threads=2, mmap=True)
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +96,12 @@ def test_rollback_forgets_the_rejected_positions(smol, tokenizer):
     assert torch.equal(after.argmax(-1), fresh.argmax(-1))
 
 
+def test_mapped_and_read_weights_give_the_same_logits(smol, smol_draft, tokenizer):
+    assert not smol.mmap and smol_draft.mmap and "mmap=True" in repr(smol_draft)
+    prompt = ids(tokenizer.encode(PROMPTS[2]))
+    assert torch.equal(smol.prefill(prompt).logits, smol_draft.prefill(prompt).logits)
+
+
 def test_batched_logits_are_close_to_one_token_steps(smol, tokenizer):
     prompt = tokenizer.encode(PROMPTS[1])
     smol.prefill(ids(prompt[:-4]))
@@ -115,6 +121,19 @@ def test_hidden_state_is_the_final_normed_state(smol, tokenizer):
     out = smol.forward(ids(prompt[-1:]), return_hidden=True)
     projected = torch_model.lm_head(out.hidden).detach()
     assert torch.nn.functional.cosine_similarity(projected, out.logits).item() > 0.99
+
+
+def test_asking_for_hidden_states_leaves_the_logits_as_they_are(smol, tokenizer):
+    """With hidden states on, llama.cpp outputs every position: the logits read must
+    still be the last_n wanted ones, in that call and in later calls without them."""
+    prompt = ids(tokenizer.encode(PROMPTS[1]))
+    plain = smol.prefill(prompt[:-3]).logits  # [1, vocab]
+    tail = smol.forward(prompt[-3:]).logits  # [3, vocab]
+    smol.rollback(0)
+    both = smol.forward(prompt[:-3], last_n=1, return_hidden=True)
+    assert torch.equal(both.logits, plain) and both.hidden.shape == (1, smol.hidden_size)
+    assert torch.equal(smol.forward(prompt[-3:], last_n=2).logits, tail[1:])
+    assert torch.equal(smol.prefill(prompt[:-3]).logits, plain)
 
 
 @pytest.mark.parametrize("k", [1, 3, 6])

@@ -15,7 +15,9 @@ Both sides run with flash attention off (llama.cpp's automatic choice turns it
 on; on this CPU kind it makes a 49-token batch at 1.8k tokens of context 1.4x
 slower: llama-bench pp49 @ d1800 58 t/s off, 41 on); specdecode's default keeps
 it on (closer agreement of batches with one-token steps), so this script sets
-SPECDECODE_FLASH_ATTN=off unless it is set. llama-server's ngram-mod
+SPECDECODE_FLASH_ATTN=off unless it is set. Both read the weights into memory
+(`--load-mode none`, specdecode's default): llama-server maps the file by
+default, which makes its one-token steps ~1.17x slower here. llama-server's ngram-mod
 keeps its n-gram hash across requests, so its server restarts before each
 request: every configuration starts a request with an empty n-gram memory.
 
@@ -65,6 +67,7 @@ class Server:
         cmd = [str(tools / "bin" / "llama-server"), "-m", str(model), "-c", str(ctx), "-t",
                str(threads), "-tb", str(threads), "--port", str(self.port), "-np", "1",
                "-fa", os.environ.get("SPECDECODE_FLASH_ATTN", "auto"),  # as ours: see the doc
+               "--load-mode", "none",  # as ours: weights read into memory, not mapped
                "--no-webui", *self.args]
         env = {"LD_LIBRARY_PATH": str(tools / "lib"), "PATH": "/usr/bin:/bin"}
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
