@@ -16,8 +16,11 @@ on; on this CPU kind it makes a 49-token batch at 1.8k tokens of context 1.4x
 slower: llama-bench pp49 @ d1800 58 t/s off, 41 on); specdecode's default keeps
 it on (closer agreement of batches with one-token steps), so this script sets
 SPECDECODE_FLASH_ATTN=off unless it is set. Both read the weights into memory
-(`--load-mode none`, specdecode's default): llama-server maps the file by
-default, which makes its one-token steps ~1.17x slower here. llama-server's ngram-mod
+and back them with 2 MiB pages: specdecode by default (see
+models/hugepages.py), llama-server with `--load-mode none` and
+GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (SPECDECODE_HUGE_PAGES=0: neither). With
+llama-server's defaults (file mapped, 4 KiB pages) its one-token steps ran 1.1-1.4x
+slower here, by where its pages landed. llama-server's ngram-mod
 keeps its n-gram hash across requests, so its server restarts before each
 request: every configuration starts a request with an empty n-gram memory.
 
@@ -67,9 +70,11 @@ class Server:
         cmd = [str(tools / "bin" / "llama-server"), "-m", str(model), "-c", str(ctx), "-t",
                str(threads), "-tb", str(threads), "--port", str(self.port), "-np", "1",
                "-fa", os.environ.get("SPECDECODE_FLASH_ATTN", "auto"),  # as ours: see the doc
-               "--load-mode", "none",  # as ours: weights read into memory, not mapped
+               "--load-mode", "none",  # as ours: weights read into memory (huge pages)
                "--no-webui", *self.args]
         env = {"LD_LIBRARY_PATH": str(tools / "lib"), "PATH": "/usr/bin:/bin"}
+        if os.environ.get("SPECDECODE_HUGE_PAGES", "1") != "0":  # as ours: see the doc
+            env["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=1"
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         for _ in range(600):
@@ -137,6 +142,8 @@ def main() -> int:
                     help="also run specdecode's draft model at this fixed k (0: skip)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="samples per prompt at T > 0 (seeds seed, seed+1, ...)")
     args = ap.parse_args()
 
     from specdecode.llm import LLM
@@ -176,16 +183,17 @@ def main() -> int:
         for t in temps:
             for p in prompts:
                 ids = p.ids(tok)
-                for c in configs:
-                    if getattr(c, "fresh", False):
-                        c.restart()
-                        c.complete(ids[:64], 1, 0.0, 0)  # warm-up
-                    out = c.complete(ids, args.max_tokens, t, args.seed)
-                    rows.append({"workload": p.workload, "prompt": p.name, "temperature": t,
-                                 "config": c.label, **out})
-                    print(f"{p.name:14} T={t:<4} {c.label:38} {out['tps']:6.2f} tok/s "
-                          f"drafted {out['drafted']:4} accepted {out['accepted']:4}",
-                          file=sys.stderr, flush=True)
+                for seed in range(args.seed, args.seed + (args.seeds if t > 0 else 1)):
+                    for c in configs:
+                        if getattr(c, "fresh", False):
+                            c.restart()
+                            c.complete(ids[:64], 1, 0.0, 0)  # warm-up
+                        out = c.complete(ids, args.max_tokens, t, seed)
+                        rows.append({"workload": p.workload, "prompt": p.name, "seed": seed,
+                                     "temperature": t, "config": c.label, **out})
+                        print(f"{p.name:14} T={t:<4} seed {seed} {c.label:38} "
+                              f"{out['tps']:6.2f} tok/s drafted {out['drafted']:4} "
+                              f"accepted {out['accepted']:4}", file=sys.stderr, flush=True)
     finally:
         for server in servers:
             server.stop()
@@ -202,13 +210,15 @@ def main() -> int:
 
 
 def summarise(rows: list[dict], labels: list[str], temps: list[float]) -> list[dict]:
-    """Per (prompt class, temperature, config): median decode tok/s, paired speedup
-    over llama.cpp plain, acceptance, tau and greedy exact match vs same-engine plain."""
+    """Per (prompt class, temperature, config): median decode tok/s over its prompts
+    (x seeds), speedup over llama.cpp plain paired per prompt and seed, acceptance,
+    tau and greedy exact match vs the same engine's plain decoding."""
     out = []
-    by = {(r["prompt"], r["temperature"], r["config"]): r for r in rows}
+    by = {((r["prompt"], r.get("seed", 0)), r["temperature"], r["config"]): r for r in rows}
     for t in temps:
         for wl in dict.fromkeys(r["workload"] for r in rows):
-            names = list(dict.fromkeys(r["prompt"] for r in rows if r["workload"] == wl))
+            names = list(dict.fromkeys((r["prompt"], r.get("seed", 0)) for r in rows
+                                       if r["workload"] == wl and r["temperature"] == t))
             for label in labels:
                 runs = [by[(n, t, label)] for n in names]
                 base = [by[(n, t, "llama.cpp plain")] for n in names]
@@ -238,8 +248,9 @@ def markdown(meta: dict, report: list[dict]) -> str:
              f"CPU: {meta['cpu']}, {meta['threads']} threads; llama.cpp built at "
              f"`{meta['llama_cpp_build']}`.\n", f"specdecode's choice: {meta['choice']}\n",
              f"Cost curve c(b) in plain steps: {meta['costs']}\n",
-             "Decoding tokens/s (prefill excluded), median over the prompts of a class; "
-             "speedup paired per prompt against llama.cpp plain.\n",
+             "Decoding tokens/s (prefill excluded), median over the prompts of a class "
+             "(x seeds at T > 0); speedup paired per prompt and seed against llama.cpp "
+             "plain.\n",
              "| workload | T | configuration | tok/s | vs llama.cpp plain | acceptance | tau "
              "| greedy identical to its plain |", "|---|---|---|---|---|---|---|---|"]
     for r in report:

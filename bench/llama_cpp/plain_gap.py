@@ -3,7 +3,7 @@
     python bench/llama_cpp/plain_gap.py
 
 Same build, GGUF, prompt ids (HumanEval/0), 128 greedy tokens, EOS ignored,
-flash attention off and the weights read into memory (not mapped) on both sides.
+flash attention off and the weights read into memory, in 2 MiB pages, on both sides.
 llama-server's decoding speed is its own `predicted_per_second` (also checked
 against the request's wall time minus its prompt time); ours is a bare loop of
 one-token `LlamaCppLM.forward` calls and argmax, no engine. A diagnostic for

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specdecode.models import hugepages
 from specdecode.models.base import ForwardOutput
 
 _backend_ready = False
@@ -107,6 +108,7 @@ class LlamaCppLM:
         flash_attn: bool | None = None,
         extra_bufts: bool | None = None,
         mmap: bool = False,
+        huge_pages: bool | None = None,
     ) -> None:
         """path: a GGUF file. max_seq_len: context size in tokens (default: the
         model's training context, at most 8192). n_threads: threads for 1-token
@@ -124,11 +126,14 @@ class LlamaCppLM:
         with AMX kernels (a wheel compiled on an AMX machine), whose matmul crashed
         in a VM here; turning them off also loses the repacked layouts (1.2x slower
         decoding, 2x slower than the cached build: `specdecode build-llama-cpp`).
-        mmap: map the GGUF file instead of reading it into memory (llama.cpp's
-        default). Reading is 1.17x faster decoding here (plain one-token steps,
-        1.5B Q4_K_M, 2 threads: 13.8 vs 11.8 tok/s; the tensors llama.cpp does not
-        repack, such as the Q6_K embeddings/output, are otherwise read through the
-        file mapping's page cache) at ~2.5 s more load time."""
+        mmap: map the GGUF file (llama.cpp's default) instead of reading it into
+        memory; mapped pages cannot become huge pages.
+        huge_pages: back the weights and the KV cache with 2 MiB pages
+        (hugepages.py; with 4 KiB pages the one-token step of the same model ran
+        1.1-1.3x slower or not, depending on where its pages landed; 2 MiB pages
+        were as fast as the best case every time). None: on unless
+        SPECDECODE_HUGE_PAGES=0. Costs ~2-4 s of load time for the default
+        pair; `huge_page_bytes` says how much memory it backed."""
         lib = self._lib = _lib()
         self._model = self._ctx = self._batch = None
         # llama.cpp's OpenMP threads and torch's (argmax, softmax over its logits)
@@ -145,7 +150,10 @@ class LlamaCppLM:
         mparams.use_extra_bufts = self.extra_bufts = extra_bufts
         self.mmap = mmap
         mparams.load_mode = lib.LLAMA_LOAD_MODE_MMAP if mmap else lib.LLAMA_LOAD_MODE_NONE
-        self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
+        if huge_pages is None:
+            huge_pages = os.environ.get("SPECDECODE_HUGE_PAGES", "1") != "0"
+        with hugepages.collapse_new_memory(huge_pages) as weights:
+            self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             raise RuntimeError(f"llama.cpp could not load {path} (set SPECDECODE_DEBUG=1 "
                                "to see its log)")
@@ -173,7 +181,9 @@ class LlamaCppLM:
         cparams.flash_attn_type = (lib.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn is None else
                                    int(bool(flash_attn)))  # DISABLED = 0, ENABLED = 1
         cparams.no_perf = True
-        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        with hugepages.collapse_new_memory(huge_pages) as cache:
+            self._ctx = lib.llama_init_from_model(self._model, cparams)
+        self.huge_page_bytes: int = weights[0] + cache[0]
         if not self._ctx:
             raise RuntimeError(f"llama.cpp could not create a context of {max_seq_len} tokens")
         self._memory = lib.llama_get_memory(self._ctx)
@@ -288,5 +298,5 @@ class LlamaCppLM:
     def __repr__(self) -> str:
         return (f"LlamaCppLM({self.path.name}, ctx={self.max_seq_len}, "
                 f"threads={self.n_threads}/{self.n_threads_batch}, flash_attn={self.flash_attn}"
-                f", mmap={self.mmap}"
+                f", mmap={self.mmap}, huge_pages={self.huge_page_bytes > 0}"
                 f"{'' if self.extra_bufts else ', no repacked weights'})")
