@@ -3,10 +3,10 @@
 Decoding one token reads every weight once, about 1 GB for the default 1.5B
 Q4_K_M target. With 4 KiB pages the speed of that read depends on where the
 pages landed: on this project's VMs two copies of the same model in one process,
-loaded before and after starting another program, decoded at 9-10.6 vs
-11.4-12.5 tokens/s. Backed by 2 MiB pages both ran at 12.9-14.0. On most
-distributions (THP mode "madvise") llama.cpp's buffers get 4 KiB pages,
-because nothing asks for more.
+loaded before and after starting another program, decoded at 8.7-10.6 vs
+11.4-12.5 tokens/s (llama-server: 10.4-12.0). Backed by 2 MiB pages both ran
+at 12.9-14.1. On most distributions (THP mode "madvise") llama.cpp's buffers
+get 4 KiB pages, because nothing asks for more.
 
 `collapse_new_memory()` wraps the calls that allocate: it notes the process's
 private anonymous mappings before, and afterwards asks the kernel to back what

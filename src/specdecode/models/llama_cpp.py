@@ -132,7 +132,7 @@ class LlamaCppLM:
         (hugepages.py; with 4 KiB pages the one-token step of the same model ran
         1.1-1.3x slower or not, depending on where its pages landed; 2 MiB pages
         were as fast as the best case every time). None: on unless
-        SPECDECODE_HUGE_PAGES=0. Costs ~2-4 s of load time for the default
+        SPECDECODE_HUGE_PAGES=0. Costs 2-5 s of load time for the default
         pair; `huge_page_bytes` says how much memory it backed."""
         lib = self._lib = _lib()
         self._model = self._ctx = self._batch = None
