@@ -152,6 +152,7 @@ class LlamaCppLM:
         mparams.load_mode = lib.LLAMA_LOAD_MODE_MMAP if mmap else lib.LLAMA_LOAD_MODE_NONE
         if huge_pages is None:
             huge_pages = os.environ.get("SPECDECODE_HUGE_PAGES", "1") != "0"
+        self.huge_pages = huge_pages  # asked for; huge_page_bytes: what the kernel gave
         with hugepages.collapse_new_memory(huge_pages) as weights:
             self._model = lib.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
@@ -298,5 +299,5 @@ class LlamaCppLM:
     def __repr__(self) -> str:
         return (f"LlamaCppLM({self.path.name}, ctx={self.max_seq_len}, "
                 f"threads={self.n_threads}/{self.n_threads_batch}, flash_attn={self.flash_attn}"
-                f", mmap={self.mmap}, huge_pages={self.huge_page_bytes > 0}"
+                f", mmap={self.mmap}, huge_pages={self.huge_pages}"
                 f"{'' if self.extra_bufts else ', no repacked weights'})")
