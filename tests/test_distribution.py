@@ -127,6 +127,21 @@ def test_broken_verifier_fails_the_same_test():
     assert chi_square_pvalue(counts, exact_joint(target, params)) < 1e-6
 
 
+def test_a_seeded_sample_is_the_same_with_drafts_without_q():
+    """Drafts without q (n-gram lookup) never change a seeded sample: every target
+    token is drawn with its position's generator, as plain decoding draws it."""
+    target = TableLM(V, seed=10)
+    params = SamplingParams(temperature=1.0, max_tokens=8)
+    plain = SpeculativeDecoder(target, None)
+    spec = make_decoder(3, "random", target, None)
+    accepted = 0
+    for seed in range(200):
+        out = spec.generate(PROMPT, params, seed=seed)
+        assert out.token_ids == plain.generate(PROMPT, params, seed=seed).token_ids, seed
+        accepted += out.stats.accepted
+    assert accepted > 50  # drafts were kept, not only rejected
+
+
 @pytest.mark.slow
 def test_transformer_speculative_sampling_matches_plain():
     """The same check with real transformer target and draft (tiny, float32)."""

@@ -157,6 +157,18 @@ def test_greedy_ngram_equals_plain(smol, tokenizer, k):
         assert spec.token_ids == plain.token_ids, (text, k)
 
 
+def test_seeded_sample_with_ngram_drafts_equals_plain(smol, tokenizer):
+    """At T > 0 n-gram speculation emits the seeded plain sample itself (only
+    near-ties of batched vs one-token logits could differ, as in greedy)."""
+    params = SamplingParams(temperature=0.7, max_tokens=32, ignore_eos=True)
+    prompt = tokenizer.encode(PROMPTS[0])
+    for seed in range(3):
+        plain = SpeculativeDecoder(smol, None).generate(prompt, params, seed=seed)
+        spec = SpeculativeDecoder(smol, NgramDrafter(max_n=3), 4).generate(prompt, params,
+                                                                            seed=seed)
+        assert spec.token_ids == plain.token_ids, seed
+
+
 def test_stops_inside_a_draft(smol, smol_draft, tokenizer):
     prompt = tokenizer.chat([{"role": "user", "content": "Say only: hello"}])
     drafter = DraftModelDrafter(smol_draft, smol)

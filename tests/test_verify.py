@@ -6,7 +6,8 @@ import torch
 
 from specdecode import SamplingParams, SpeculativeDecoder
 from specdecode.drafters import Draft
-from specdecode.verify import greedy_verify, rejection_sample
+from specdecode.sampling import position_generator
+from specdecode.verify import greedy_verify, match_sample, rejection_sample
 
 V = 5
 
@@ -82,6 +83,35 @@ def test_rejection_is_reproducible_with_a_seed():
     draft = torch.tensor([0, 1, 2])
     runs = [rejection_sample(draft, p, q, torch.Generator().manual_seed(7)) for _ in range(3)]
     assert runs[0] == runs[1] == runs[2]
+
+
+def _fresh(seed: int):
+    return lambda i: torch.Generator().manual_seed(seed + i)
+
+
+def test_match_keeps_drafts_the_target_draws_then_emits_its_own():
+    p = probs([[0, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 0, 1]])
+    assert match_sample(torch.tensor([1, 2]), p, _fresh(0)).tokens == (1, 2, 4)
+    r = match_sample(torch.tensor([1, 3]), p, _fresh(0))  # row 1 draws 2, not 3
+    assert (r.num_accepted, r.tokens) == (1, (1, 2))
+    assert match_sample(torch.zeros(0, dtype=torch.long), p[:1], _fresh(0)).tokens == (1,)
+
+
+def test_match_draws_each_row_with_its_own_generator():
+    """Row i's token is what `sample` draws with generators(i): the same draws
+    plain decoding makes, whatever the draft."""
+    p = torch.softmax(torch.randn(4, V, generator=torch.Generator().manual_seed(1)), -1)
+    own = [int(torch.multinomial(p[i], 1, generator=_fresh(5)(i))) for i in range(4)]
+    for draft in ([own[0], own[1], own[2]], [own[0], (own[1] + 1) % V, 0], [(own[0] + 1) % V]):
+        r = match_sample(torch.tensor(draft), p[:len(draft) + 1], _fresh(5))
+        assert list(r.tokens) == own[:len(r.tokens)]
+
+
+def test_position_generators_are_fixed_by_key_and_position_and_differ_between_them():
+    def draw(key, pos):
+        return torch.rand(4, generator=position_generator(key, pos)).tolist()
+    assert draw(7, 10) == draw(7, 10)
+    assert len({tuple(draw(key, pos)) for key in (0, 1, 7) for pos in range(50)}) == 150
 
 
 class FixedDrafter:

@@ -26,10 +26,15 @@ import torch
 
 from specdecode.drafters.base import Draft, Drafter
 from specdecode.models.base import CausalLM
-from specdecode.sampling import SamplingParams, logits_to_probs
+from specdecode.sampling import (
+    SamplingParams,
+    logits_to_probs,
+    position_generator,
+    request_key,
+)
 from specdecode.speclen import LengthPolicy
 from specdecode.stats import SpecStats
-from specdecode.verify import VerifyResult, greedy_verify, rejection_sample
+from specdecode.verify import VerifyResult, greedy_verify, match_sample, rejection_sample
 
 StopHook = Callable[[list[int]], bool]
 """Called with all output token ids after each emitted token; True stops there
@@ -63,7 +68,10 @@ class SpeculativeDecoder:
     sampling). k is the number of draft tokens per step; k = 0 or no drafter is
     plain decoding. With a `length_policy` each step drafts and verifies only
     as many of the k tokens as pay for their cost (see speclen.py); without one,
-    always k (fewer only when the drafter has fewer).
+    always k (fewer only when the drafter has fewer). With a seed, a sample is
+    the same with speculation on or off when the drafter gives no q (n-gram
+    lookup): every target token is drawn with its position's generator
+    (verify.match_sample); `rejection_sampler` verifies drafts that carry q.
     """
 
     def __init__(
@@ -118,6 +126,7 @@ class SpeculativeDecoder:
             generator.seed()
         else:
             generator.manual_seed(seed)
+        key = request_key(generator)  # with the position, seeds each target draw
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
             stops |= set(self.eos_token_ids)
@@ -137,7 +146,7 @@ class SpeculativeDecoder:
             budget = min(params.max_tokens - len(output), target.max_seq_len - len(context))
             draft, judged = self._draft(context, min(self.k, budget - 1), stops)
             t1 = time.perf_counter()
-            result = self._verify(context[-1], draft, params, generator)
+            result = self._verify(context, draft, params, generator, key)
             target.rollback(len(context) + result.num_accepted)
             t2 = time.perf_counter()
             if self.drafter is not None:
@@ -211,13 +220,22 @@ class SpeculativeDecoder:
         return draft
 
     def _verify(
-        self, pending: int, draft: Draft, params: SamplingParams, generator: torch.Generator
+        self, context: list[int], draft: Draft, params: SamplingParams,
+        generator: torch.Generator, key: int,
     ) -> VerifyResult:
-        """One target pass over [pending, draft...] and the verifier's decision."""
-        ids = torch.cat((torch.tensor([pending], dtype=torch.long), draft.tokens.cpu()))
+        """One target pass over [pending, draft...] and the verifier's decision.
+
+        Sampling with a draft without q (or none: plain decoding) draws the token
+        at each sequence position with that position's generator (match_sample),
+        so a seeded sample is the same with or without such drafts; drafts with
+        q go through the rejection sampler and the request's generator."""
+        ids = torch.cat((torch.tensor([context[-1]], dtype=torch.long), draft.tokens.cpu()))
         logits = self.target.forward(ids).logits  # [k + 1, vocab_size]
         if params.greedy:
             return greedy_verify(draft.tokens, logits)
         p = logits_to_probs(logits, params)  # [k + 1, vocab_size]
-        q = None if draft.q is None else draft.q.to(p.device)
-        return self.rejection_sampler(draft.tokens, p, q, generator)
+        if draft.q is None:
+            start, device = len(context), p.device
+            return match_sample(draft.tokens, p,
+                                lambda i: position_generator(key, start + i, device))
+        return self.rejection_sampler(draft.tokens, p, draft.q.to(p.device), generator)

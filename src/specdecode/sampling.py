@@ -7,6 +7,13 @@ on the argmax (first index on ties, as `torch.argmax`).
 
 Order of the filters (as HF transformers' warpers and vLLM's sampler):
 temperature -> top_k -> top_p -> softmax -> min_p -> renormalise.
+
+Seeded sampling is reproducible per position: the target's token at sequence
+position t of a request is drawn with `position_generator(key, t)`, key drawn
+once per request from its seeded generator. Plain decoding and speculation
+with drafts that carry no q (n-gram lookup) then draw each token with the same
+random numbers and emit the same text for the same seed (see
+verify.match_sample), as llama.cpp's own speculation does.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 GREEDY_BELOW = 1e-5
+_MASK64 = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
@@ -115,3 +123,20 @@ def sample(
 ) -> int:
     """Draw one token id from `probs` using `generator` (the only randomness)."""
     return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def request_key(generator: torch.Generator) -> int:
+    """The request's sampling key: one draw from its (seeded) generator."""
+    return int(torch.randint(0, 2**63 - 1, (1,), generator=generator))
+
+
+def position_generator(key: int, position: int, device: torch.device | str = "cpu"
+                       ) -> torch.Generator:
+    """The generator that draws the target's token at sequence `position` of the
+    request with `key`: seeded by a splitmix64 hash of (key, position), so
+    positions get unrelated streams and a token's random numbers do not depend
+    on how many were drawn before it."""
+    z = (key + (position + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return torch.Generator(device=device).manual_seed((z ^ (z >> 31)) >> 1)

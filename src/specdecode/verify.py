@@ -19,10 +19,17 @@ it equals the target's argmax and then emits the argmax; rejection sampling
 (Leviathan et al. 2023; Chen et al. 2023) accepts d_i with probability
 min(1, p_i(d_i) / q_i(d_i)), which makes the emitted tokens distributed exactly
 as the target's own samples. All randomness comes from an explicit generator.
+
+For a draft without q (a point mass), `match_sample` is the same law by other
+means: draw the target's own token at each position and keep d_i while the
+draw equals it. With one generator per position (sampling.position_generator)
+each emitted token is exactly the one plain decoding draws there, so a seeded
+sample does not depend on the drafts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -100,3 +107,26 @@ def rejection_sample(
     # zero, so only rounding gets here, and p is the distribution to fall back on.
     recovered_from = residual / total if total > 0 else p[i]
     return _result(draft_tokens, i, sample(recovered_from, generator))
+
+
+def match_sample(
+    draft_tokens: torch.Tensor,  # [k] int64
+    p: torch.Tensor,  # [k + 1, vocab_size] float32 target probs
+    generators: Callable[[int], torch.Generator],  # row i -> the generator of its position
+) -> VerifyResult:
+    """Exact speculative sampling for a point-mass draft, by drawing and matching.
+
+    Row by row, draw y_i from p_i with generators(i); keep d_i while y_i == d_i;
+    emit the first y_i that differs (recovered) or y_k (bonus). The law is
+    rejection_sample's with q = a point mass on d_i: P(keep d_i) = p_i(d_i) =
+    min(1, p_i(d_i) / 1), and a draw that differs from d_i is distributed as
+    p_i without d_i, renormalised = normalize(max(0, p_i - q_i)). Rows after
+    the first mismatch are not drawn."""
+    k = draft_tokens.shape[0]
+    assert p.shape[0] == k + 1, "need one more target row than draft tokens"
+    drafts = draft_tokens.tolist()
+    for i in range(k + 1):
+        token = sample(p[i], generators(i))
+        if i == k or token != drafts[i]:
+            return _result(draft_tokens, i, token)
+    raise AssertionError("unreachable: row k always returns")

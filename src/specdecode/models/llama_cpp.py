@@ -261,21 +261,21 @@ class LlamaCppLM:
                 raise RuntimeError(f"llama_decode failed with status {rc} at position "
                                    f"{start + c0}")
             self._len = start + c0 + m
-            outputs = int(self._want[:m].sum())
+            outputs = min(m, max(0, c0 + m - (t - n)))  # wanted: the chunk's last rows
             if outputs:
-                rows = m if return_hidden else outputs  # the wanted rows are the last ones
-                logits.append(self._read(lib.llama_get_logits(self._ctx), rows,
-                                         self.vocab_size)[rows - outputs:])
+                rows = m if return_hidden else outputs  # rows llama.cpp wrote
+                logits.append(self._read(lib.llama_get_logits(self._ctx), rows, outputs,
+                                         self.vocab_size))
                 if return_hidden:
                     hidden.append(self._read(lib.llama_get_embeddings(self._ctx), rows,
-                                             self.hidden_size)[rows - outputs:])
-        out = torch.cat(logits) if logits else torch.empty(0, self.vocab_size)
-        return ForwardOutput(out, (torch.cat(hidden) if hidden else torch.empty(
-            0, self.hidden_size)) if return_hidden else None)
+                                             outputs, self.hidden_size))
+        return ForwardOutput(_join(logits, self.vocab_size),
+                             _join(hidden, self.hidden_size) if return_hidden else None)
 
     @staticmethod
-    def _read(ptr, rows: int, cols: int) -> torch.Tensor:  # -> [rows, cols] float32, a copy
-        return torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(rows, cols)).copy())
+    def _read(ptr, rows: int, last: int, cols: int) -> torch.Tensor:  # -> [last, cols] float32
+        """A copy of the last `last` of the `rows` x `cols` floats at ptr."""
+        return torch.from_numpy(np.ctypeslib.as_array(ptr, shape=(rows, cols))[rows - last:].copy())
 
     # -- lifetime ---------------------------------------------------------------
 
@@ -301,3 +301,10 @@ class LlamaCppLM:
                 f"threads={self.n_threads}/{self.n_threads_batch}, flash_attn={self.flash_attn}"
                 f", mmap={self.mmap}, huge_pages={self.huge_pages}"
                 f"{'' if self.extra_bufts else ', no repacked weights'})")
+
+
+def _join(parts: list[torch.Tensor], cols: int) -> torch.Tensor:  # -> [sum rows, cols]
+    """Rows of the chunks in order (one chunk, the usual case, without a copy)."""
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat(parts) if parts else torch.empty(0, cols)

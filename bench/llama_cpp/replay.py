@@ -1,0 +1,176 @@
+"""Replay n-gram speculation on recorded outputs: our length policy vs llama.cpp's ngram-mod rule.
+
+    python bench/llama_cpp/replay.py bench/results/llama-cpp.json
+
+compare.py measures each configuration on its own output, and at T > 0 every
+configuration samples its own text (llama.cpp and specdecode draw different
+random numbers), so a row there mixes the drafter's merit with the luck of
+what was sampled: a sample that restates the prompt's function speeds up 2x,
+one that does not, not at all. This script takes the texts out of the
+comparison: it runs every recorded output (each configuration's, each prompt,
+seed and temperature) through the real engine twice, once with specdecode's
+adaptive n-gram drafting (the drafter, k and length policy `LLM.load` builds
+on this backend) and once with llama.cpp's ngram-mod rule (a 24-token match,
+drafts of 48 to 64 tokens, otherwise none: common/speculative.cpp), against
+a target that emits the recorded text, and prices each verification pass with
+the cost curve c(b) measured in that run.
+
+Predicted speedup over plain decoding = tokens / sum of c(pass size) over the
+passes. At T > 0 a point-mass draft token is accepted with probability
+p(token), the chance that the target's sample is that token; accepting exactly
+when the recorded sample equals the draft has that expectation, so replaying
+the sampled text prices a draft as the sampler would on average.
+Predictions, not timings: the engine's glue and llama.cpp's scheduling are
+not in them (compare.py measures those).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from specdecode.bench import workloads
+from specdecode.drafters import NgramDrafter
+from specdecode.drafters.base import Draft
+from specdecode.engine import SpeculativeDecoder
+from specdecode.models import loading, registry
+from specdecode.models.base import ForwardOutput
+from specdecode.sampling import SamplingParams
+from specdecode.speclen import CostModel, LengthPolicy
+
+
+class RecordedLM:
+    """A CausalLM that predicts a recorded text: at each position its logits are
+    one-hot on the recorded next token. Counts the size of every forward pass."""
+
+    def __init__(self, sequence: list[int], vocab_size: int, eos: tuple[int, ...]) -> None:
+        self.sequence, self.vocab_size, self.eos_token_ids = sequence, vocab_size, eos
+        self.max_seq_len = len(sequence) + 128
+        self.passes: list[int] = []
+        self._len = 0
+
+    device = torch.device("cpu")
+    dtype = torch.float32
+
+    @property
+    def cached_len(self) -> int:
+        return self._len
+
+    def rollback(self, length: int) -> None:
+        self._len = length
+
+    def prefill(self, ids: torch.Tensor) -> ForwardOutput:  # ids: [T] int64
+        self._len = 0
+        out = self.forward(ids, last_n=1)
+        self.passes.clear()  # prefill is not priced
+        return out
+
+    def forward(self, ids: torch.Tensor, *, last_n: int | None = None,  # ids: [T] int64
+                return_hidden: bool = False, positions=None, tree_mask=None) -> ForwardOutput:
+        t = int(ids.shape[0])
+        n = t if last_n is None else last_n
+        self.passes.append(t)
+        start, self._len = self._len, self._len + t
+        logits = torch.zeros(n, self.vocab_size)  # [n, vocab_size]
+        for row, pos in enumerate(range(start + t - n, start + t)):
+            nxt = pos + 1
+            token = self.sequence[nxt] if nxt < len(self.sequence) else self.eos_token_ids[0]
+            logits[row, token] = 1.0
+        return ForwardOutput(logits)
+
+
+class NgramModRule:
+    """llama.cpp's ngram-mod drafting (common/speculative.cpp, default settings):
+    the next token after each earlier `n_match`-gram; a draft chains these
+    lookups from the context's last n_match tokens and is proposed only if at
+    least n_min long (at most n_max); the server then cuts it to the tokens
+    left to generate."""
+
+    name = "ngram-mod"
+
+    def __init__(self, n_match: int = 24, n_min: int = 48, n_max: int = 64) -> None:
+        self.n_match, self.n_min, self.n_max = n_match, n_min, n_max
+        self._next: dict[tuple[int, ...], int] = {}
+        self._indexed = 0
+
+    def begin(self, prompt_ids, params, generator) -> None:
+        self._next, self._indexed = {}, 0
+
+    def propose(self, context: list[int], k: int) -> Draft:
+        n = self.n_match
+        for i in range(self._indexed, len(context) - n):
+            self._next[tuple(context[i:i + n])] = context[i + n]
+        self._indexed = max(self._indexed, len(context) - n)
+        window, draft = list(context[-n:]), []
+        while len(draft) < self.n_max:  # judged at full length, then cut to k (as llama.cpp)
+            token = self._next.get(tuple(window[-n:]))
+            if token is None:
+                break
+            draft.append(token)
+            window.append(token)
+        if len(draft) < self.n_min:
+            draft = []
+        return Draft(torch.tensor(draft[:k], dtype=torch.long))
+
+    def observe(self, num_accepted: int) -> None:
+        pass
+
+
+def predicted_speedup(prompt: list[int], output: list[int], drafter, costs: CostModel | None,
+                      curve: CostModel, k: int, vocab: int, eos: tuple[int, ...]) -> float:
+    """Tokens per plain-step cost when `drafter` (with a length policy if costs is
+    given) speculates on a target that emits `output` after `prompt`."""
+    target = RecordedLM(prompt + output, vocab, eos)
+    policy = LengthPolicy(costs) if costs is not None else None
+    decoder = SpeculativeDecoder(target, drafter, k, length_policy=policy)
+    params = SamplingParams(temperature=0.0, max_tokens=len(output), ignore_eos=True)
+    result = decoder.generate(prompt, params)
+    assert result.token_ids == output, "the replay must reproduce the recorded text"
+    return len(output) / sum(curve.c(b) for b in target.passes)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", help="a compare.py json")
+    ap.add_argument("--k", type=int, default=64, help="specdecode's draft cap (LLM.load's)")
+    ap.add_argument("--ngram-max", type=int, default=8, help="LLM.load's adaptive default")
+    args = ap.parse_args()
+
+    data = json.loads(Path(args.results).read_text())
+    curve = CostModel({int(b): c for b, c in data["meta"]["costs"]["c"].items()})
+    target = registry.resolve(registry.PAIRS["default"][0])
+    tok = loading.load_tokenizer(target)
+    prompts = {p.name: p for p in workloads.humaneval(99) + workloads.code_edit(99)
+               + workloads.random(99)}
+    vocab = max(max(r["tokens"], default=0) for r in data["runs"]) + 1
+    eos = tuple(tok.eos_token_ids) or (vocab - 1,)
+    texts: dict[tuple, list] = {}  # (workload, T, prompt, text) -> configs that sampled it
+    for r in data["runs"]:
+        key = (r["workload"], r["temperature"], r["prompt"], tuple(r["tokens"]))
+        texts.setdefault(key, []).append(r["config"])
+    rows: dict[tuple, list] = {}
+    for (workload, temp, name, text), configs in texts.items():
+        prompt = prompts[name].ids(tok)
+        ours = predicted_speedup(prompt, list(text), NgramDrafter(max_n=args.ngram_max),
+                                 CostModel(curve.verify, 0.0), curve, args.k, vocab, eos)
+        mod = predicted_speedup(prompt, list(text), NgramModRule(), None, curve, 64, vocab, eos)
+        rows.setdefault((workload, temp), []).append((ours, mod))
+        print(f"{name:20} T={temp:<4} {len(text):4} tokens  specdecode {ours:5.2f}x  "
+              f"ngram-mod {mod:5.2f}x  (sampled by {', '.join(configs)})", file=sys.stderr)
+    print("| workload | T | texts | specdecode adaptive n-gram | llama.cpp ngram-mod rule | "
+          "texts where ours is ahead |\n|---|---|---|---|---|---|")
+    for (workload, temp), pairs in rows.items():
+        ours, mod = zip(*pairs, strict=True)
+        ahead = sum(o > m for o, m in pairs)
+        print(f"| {workload} | {temp:g} | {len(pairs)} | {statistics.median(ours):.2f}x | "
+              f"{statistics.median(mod):.2f}x | {ahead}/{len(pairs)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
