@@ -31,7 +31,8 @@ median over prompts and per prompt class; speedup over llama.cpp plain paired
 per prompt; acceptance and tau (llama-server: draft_n_accepted / draft_n);
 greedy exact match against the same engine's plain output; specdecode's rows
 in the json also hold each step's (drafted, accepted). Writes
-<out>.json and <out>.md. One heavy process: run nothing else meanwhile.
+<out>.json and <out>.md. At T > 0 each side decodes its own samples; replay.py
+compares the drafting on the same texts. One heavy process: run nothing else meanwhile.
 """
 
 from __future__ import annotations
