@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import torch
+from scipy.stats import kstest
 
 from specdecode import SamplingParams, SpeculativeDecoder
 from specdecode.drafters import Draft
-from specdecode.sampling import position_generator
+from specdecode.sampling import position_uniform, sample_at
 from specdecode.verify import greedy_verify, match_sample, rejection_sample
 
 V = 5
@@ -85,33 +86,41 @@ def test_rejection_is_reproducible_with_a_seed():
     assert runs[0] == runs[1] == runs[2]
 
 
-def _fresh(seed: int):
-    return lambda i: torch.Generator().manual_seed(seed + i)
+def _uniforms(key: int):
+    return lambda i: position_uniform(key, i)
 
 
 def test_match_keeps_drafts_the_target_draws_then_emits_its_own():
     p = probs([[0, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 0, 1]])
-    assert match_sample(torch.tensor([1, 2]), p, _fresh(0)).tokens == (1, 2, 4)
-    r = match_sample(torch.tensor([1, 3]), p, _fresh(0))  # row 1 draws 2, not 3
+    assert match_sample(torch.tensor([1, 2]), p, _uniforms(0)).tokens == (1, 2, 4)
+    r = match_sample(torch.tensor([1, 3]), p, _uniforms(0))  # row 1 draws 2, not 3
     assert (r.num_accepted, r.tokens) == (1, (1, 2))
-    assert match_sample(torch.zeros(0, dtype=torch.long), p[:1], _fresh(0)).tokens == (1,)
+    assert match_sample(torch.zeros(0, dtype=torch.long), p[:1], _uniforms(0)).tokens == (1,)
 
 
-def test_match_draws_each_row_with_its_own_generator():
-    """Row i's token is what `sample` draws with generators(i): the same draws
-    plain decoding makes, whatever the draft."""
+def test_match_draws_each_row_with_its_own_uniform():
+    """Row i's token is sample_at(p_i, uniforms(i)): the draw plain decoding
+    makes at that position, whatever the draft."""
     p = torch.softmax(torch.randn(4, V, generator=torch.Generator().manual_seed(1)), -1)
-    own = [int(torch.multinomial(p[i], 1, generator=_fresh(5)(i))) for i in range(4)]
+    own = [sample_at(p[i], position_uniform(5, i)) for i in range(4)]
     for draft in ([own[0], own[1], own[2]], [own[0], (own[1] + 1) % V, 0], [(own[0] + 1) % V]):
-        r = match_sample(torch.tensor(draft), p[:len(draft) + 1], _fresh(5))
+        r = match_sample(torch.tensor(draft), p[:len(draft) + 1], _uniforms(5))
         assert list(r.tokens) == own[:len(r.tokens)]
 
 
-def test_position_generators_are_fixed_by_key_and_position_and_differ_between_them():
-    def draw(key, pos):
-        return torch.rand(4, generator=position_generator(key, pos)).tolist()
-    assert draw(7, 10) == draw(7, 10)
-    assert len({tuple(draw(key, pos)) for key in (0, 1, 7) for pos in range(50)}) == 150
+def test_position_uniforms_are_fixed_by_key_and_position_and_look_uniform():
+    assert position_uniform(7, 10) == position_uniform(7, 10)
+    # all 64 bits of the key matter (a CPU torch.Generator keeps only 32 of its seed)
+    assert position_uniform(1, 0) != position_uniform(1 + 2**32, 0)
+    u = torch.tensor([position_uniform(key, pos) for key in (0, 1, 2**40) for pos in range(4000)],
+                     dtype=torch.float64)
+    assert len(set(u.tolist())) == len(u) and u.min() >= 0 and u.max() < 1
+    assert kstest(u.numpy(), "uniform").pvalue > 1e-3
+
+
+def test_sample_at_follows_the_cumulative_distribution_and_skips_zeros():
+    p = torch.tensor([0.0, 0.25, 0.0, 0.75, 0.0])
+    assert [sample_at(p, u) for u in (0.0, 0.2499, 0.25, 0.9999)] == [1, 1, 3, 3]
 
 
 class FixedDrafter:

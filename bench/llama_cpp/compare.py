@@ -137,7 +137,10 @@ class Engine:
 
     def complete(self, ids: list[int], n: int, temperature: float, seed: int) -> dict:
         self.conn.send((ids, n, temperature, seed))
-        return self.conn.recv()
+        reply = self.conn.recv()
+        if "error" in reply:
+            raise RuntimeError(f"{self.label}: {reply['error']}")
+        return reply
 
     def stop(self) -> None:
         if self.proc.is_alive():
@@ -158,8 +161,12 @@ def _serve(conn, load_kwargs: dict) -> None:
                "costs": llm.info.costs})
     while (job := conn.recv()) is not None:
         ids, n, temperature, seed = job
-        result = llm.generate(ids, SamplingParams(temperature=temperature, max_tokens=n),
-                              seed, speculative=llm.drafter is not None)
+        try:
+            result = llm.generate(ids, SamplingParams(temperature=temperature, max_tokens=n),
+                                  seed, speculative=llm.drafter is not None)
+        except Exception as e:  # the parent raises it with this message
+            conn.send({"error": f"{type(e).__name__}: {e}"})
+            continue
         s = result.stats
         decode = s.wall_time - s.prefill_time
         conn.send({"tokens": result.token_ids, "tps": len(result.token_ids) / decode,

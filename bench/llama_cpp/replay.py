@@ -147,7 +147,8 @@ def main() -> int:
     tok = loading.load_tokenizer(target)
     prompts = {p.name: p for p in workloads.humaneval(99) + workloads.code_edit(99)
                + workloads.random(99)}
-    vocab = max(max(r["tokens"], default=0) for r in data["runs"]) + 1
+    vocab = max(tok.vocab_size, *(max(r["tokens"], default=0) + 1 for r in data["runs"]),
+                *(max(p.ids(tok)) + 1 for p in prompts.values()))
     eos = tuple(tok.eos_token_ids) or (vocab - 1,)
     texts: dict[tuple, list] = {}  # (workload, T, prompt, text) -> configs that sampled it
     for r in data["runs"]:

@@ -29,7 +29,7 @@ from specdecode.models.base import CausalLM
 from specdecode.sampling import (
     SamplingParams,
     logits_to_probs,
-    position_generator,
+    position_uniform,
     request_key,
 )
 from specdecode.speclen import LengthPolicy
@@ -70,7 +70,7 @@ class SpeculativeDecoder:
     as many of the k tokens as pay for their cost (see speclen.py); without one,
     always k (fewer only when the drafter has fewer). With a seed, a sample is
     the same with speculation on or off when the drafter gives no q (n-gram
-    lookup): every target token is drawn with its position's generator
+    lookup): every target token is drawn with its position's uniform number
     (verify.match_sample); `rejection_sampler` verifies drafts that carry q.
     """
 
@@ -226,7 +226,7 @@ class SpeculativeDecoder:
         """One target pass over [pending, draft...] and the verifier's decision.
 
         Sampling with a draft without q (or none: plain decoding) draws the token
-        at each sequence position with that position's generator (match_sample),
+        at each sequence position with that position's uniform number (match_sample),
         so a seeded sample is the same with or without such drafts; drafts with
         q go through the rejection sampler and the request's generator."""
         ids = torch.cat((torch.tensor([context[-1]], dtype=torch.long), draft.tokens.cpu()))
@@ -235,7 +235,6 @@ class SpeculativeDecoder:
             return greedy_verify(draft.tokens, logits)
         p = logits_to_probs(logits, params)  # [k + 1, vocab_size]
         if draft.q is None:
-            start, device = len(context), p.device
-            return match_sample(draft.tokens, p,
-                                lambda i: position_generator(key, start + i, device))
+            start = len(context)
+            return match_sample(draft.tokens, p, lambda i: position_uniform(key, start + i))
         return self.rejection_sampler(draft.tokens, p, draft.q.to(p.device), generator)

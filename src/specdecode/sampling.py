@@ -9,8 +9,8 @@ Order of the filters (as HF transformers' warpers and vLLM's sampler):
 temperature -> top_k -> top_p -> softmax -> min_p -> renormalise.
 
 Seeded sampling is reproducible per position: the target's token at sequence
-position t of a request is drawn with `position_generator(key, t)`, key drawn
-once per request from its seeded generator. Plain decoding and speculation
+position t of a request is drawn by `sample_at(p, position_uniform(key, t))`,
+key drawn once per request from its seeded generator. Plain decoding and speculation
 with drafts that carry no q (n-gram lookup) then draw each token with the same
 random numbers and emit the same text for the same seed (see
 verify.match_sample), as llama.cpp's own speculation does.
@@ -126,17 +126,31 @@ def sample(
 
 
 def request_key(generator: torch.Generator) -> int:
-    """The request's sampling key: one draw from its (seeded) generator."""
-    return int(torch.randint(0, 2**63 - 1, (1,), generator=generator))
+    """The request's sampling key: one 63-bit draw from its (seeded) generator."""
+    return int(torch.randint(0, 2**63 - 1, (1,), generator=generator,
+                             device=generator.device).item())
 
 
-def position_generator(key: int, position: int, device: torch.device | str = "cpu"
-                       ) -> torch.Generator:
-    """The generator that draws the target's token at sequence `position` of the
-    request with `key`: seeded by a splitmix64 hash of (key, position), so
-    positions get unrelated streams and a token's random numbers do not depend
-    on how many were drawn before it."""
+def position_uniform(key: int, position: int) -> float:
+    """The uniform number in [0, 1) that draws the target's token at sequence
+    `position` of the request with `key`: 53 bits of a splitmix64 hash of
+    (key, position), a counter-based generator. Positions get unrelated numbers
+    and a token's number does not depend on how many were drawn before it.
+    (Not a torch.Generator per position: a CPU generator keeps only 32 bits of
+    its seed, so positions of a long request would share streams.)"""
     z = (key + (position + 1) * 0x9E3779B97F4A7C15) & _MASK64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return torch.Generator(device=device).manual_seed((z ^ (z >> 31)) >> 1)
+    return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
+
+
+def sample_at(
+    probs: torch.Tensor,  # [vocab_size] float32
+    u: float,
+) -> int:
+    """The token whose interval of the cumulative distribution holds u * total
+    (inverse-CDF sampling, in float64): distributed as probs when u is uniform;
+    a token of probability 0 is never drawn."""
+    cdf = probs.to(torch.float64).cumsum(0)  # [vocab_size]
+    x = torch.tensor([u], dtype=torch.float64, device=cdf.device) * cdf[-1]
+    return min(int(torch.searchsorted(cdf, x, right=True).item()), probs.shape[0] - 1)

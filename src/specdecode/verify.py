@@ -22,7 +22,7 @@ as the target's own samples. All randomness comes from an explicit generator.
 
 For a draft without q (a point mass), `match_sample` is the same law by other
 means: draw the target's own token at each position and keep d_i while the
-draw equals it. With one generator per position (sampling.position_generator)
+draw equals it. With one uniform number per position (sampling.position_uniform)
 each emitted token is exactly the one plain decoding draws there, so a seeded
 sample does not depend on the drafts.
 """
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdecode.sampling import sample
+from specdecode.sampling import sample, sample_at
 
 
 @dataclass(frozen=True)
@@ -112,11 +112,11 @@ def rejection_sample(
 def match_sample(
     draft_tokens: torch.Tensor,  # [k] int64
     p: torch.Tensor,  # [k + 1, vocab_size] float32 target probs
-    generators: Callable[[int], torch.Generator],  # row i -> the generator of its position
+    uniforms: Callable[[int], float],  # row i -> the uniform number of its position
 ) -> VerifyResult:
     """Exact speculative sampling for a point-mass draft, by drawing and matching.
 
-    Row by row, draw y_i from p_i with generators(i); keep d_i while y_i == d_i;
+    Row by row, draw y_i = sample_at(p_i, uniforms(i)); keep d_i while y_i == d_i;
     emit the first y_i that differs (recovered) or y_k (bonus). The law is
     rejection_sample's with q = a point mass on d_i: P(keep d_i) = p_i(d_i) =
     min(1, p_i(d_i) / 1), and a draw that differs from d_i is distributed as
@@ -126,7 +126,7 @@ def match_sample(
     assert p.shape[0] == k + 1, "need one more target row than draft tokens"
     drafts = draft_tokens.tolist()
     for i in range(k + 1):
-        token = sample(p[i], generators(i))
+        token = sample_at(p[i], uniforms(i))
         if i == k or token != drafts[i]:
             return _result(draft_tokens, i, token)
     raise AssertionError("unreachable: row k always returns")
