@@ -130,13 +130,14 @@ class Engine:
         self.proc = ctx.Process(target=_serve, args=(child, load_kwargs), daemon=True)
         self.proc.start()
         child.close()
-        reply = self.conn.recv()
-        if "error" in reply:
-            raise RuntimeError(f"{label}: {reply['error']}")
-        self.info = reply  # choice, drafter, costs
+        self.info = self._reply()  # choice, drafter, costs
 
     def complete(self, ids: list[int], n: int, temperature: float, seed: int) -> dict:
         self.conn.send((ids, n, temperature, seed))
+        return self._reply()
+
+    def _reply(self) -> dict:
+        """The worker's answer; its failure raised here with the worker's message."""
         reply = self.conn.recv()
         if "error" in reply:
             raise RuntimeError(f"{self.label}: {reply['error']}")

@@ -252,7 +252,8 @@ class LlamaCppLM:
             m = min(self.n_batch, t - c0)
             self._tokens[:m] = tokens[c0:c0 + m]
             self._pos[:m] = np.arange(start + c0, start + c0 + m, dtype=np.int32)
-            self._want[:m] = np.arange(c0, c0 + m) >= t - n
+            outputs = min(m, max(0, c0 + m - (t - n)))  # wanted: the chunk's last rows
+            self._want[:m - outputs], self._want[m - outputs:m] = 0, 1
             self._batch.n_tokens = m
             rc = lib.llama_decode(self._ctx, self._batch)
             if rc != 0:
@@ -261,7 +262,6 @@ class LlamaCppLM:
                 raise RuntimeError(f"llama_decode failed with status {rc} at position "
                                    f"{start + c0}")
             self._len = start + c0 + m
-            outputs = min(m, max(0, c0 + m - (t - n)))  # wanted: the chunk's last rows
             if outputs:
                 rows = m if return_hidden else outputs  # rows llama.cpp wrote
                 logits.append(self._read(lib.llama_get_logits(self._ctx), rows, outputs,
