@@ -50,6 +50,52 @@ def forward_cost_curve(
     return curve
 
 
+MONOTONE_SLACK = 1.15  # c(b) may exceed a larger batch's cost by this much (noise)
+DRIFT_SLACK = 0.2  # a plain step measured again at the end may differ by this much
+
+
+def disturbed_points(curve: dict[int, float]) -> set[int]:
+    """Sizes b whose cost exceeds a larger size's by more than the slack: one of the
+    two was measured while something else ran (the pass itself cannot be slower
+    for fewer tokens)."""
+    sizes, bad = sorted(curve), set()
+    for i, b in enumerate(sizes):
+        for b2 in sizes[i + 1:]:
+            if curve[b] > MONOTONE_SLACK * curve[b2]:
+                bad |= {b, b2}
+    return bad
+
+
+def monotone(curve: dict[int, float]) -> dict[int, float]:
+    """The curve with each c(b) lowered to the cheapest cost of any larger size: a
+    spike (a disturbed measurement) is dropped, and an optimistic error is one the
+    controller corrects by observing the steps it then takes."""
+    out, low = {}, float("inf")
+    for b in sorted(curve, reverse=True):
+        low = min(low, curve[b])
+        out[b] = low
+    return dict(sorted(out.items()))
+
+
+def measure_curve(model, context_ids: Sequence[int], sizes: Sequence[int],
+                  rounds: int = 3) -> tuple[dict[int, float], bool]:
+    """(c(b) in seconds, clean): medians of repeated passes; sizes that break
+    monotonicity are measured again (up to `rounds` times), and a plain step is
+    measured again at the end. clean: neither check failed at the end (only a
+    clean curve may be cached); an unclean one is returned made monotone."""
+    curve = forward_cost_curve(model, context_ids, sizes)
+    for _ in range(rounds):
+        bad = disturbed_points(curve)
+        if not bad:
+            break
+        curve.update(forward_cost_curve(model, context_ids, sorted(bad)))
+    again = forward_cost_curve(model, context_ids, [1])[1]
+    drift = abs(again / curve[1] - 1) > DRIFT_SLACK
+    curve[1] = min(curve[1], again)
+    clean = not drift and not disturbed_points(curve)
+    return (curve if clean else monotone(curve)), clean
+
+
 def default_sizes(max_k: int) -> list[int]:
     """Batch sizes to measure for verifications of up to max_k draft tokens."""
     sizes = set(range(1, min(max_k + 1, 9) + 1))
@@ -93,7 +139,7 @@ def cached_costs(
     after a `context_len`-token context; it leaves both caches empty.
     """
     path = costs_dir() / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
-    sizes = default_sizes(max_k)
+    sizes = default_sizes(min(max_k, target.max_seq_len - context_len - 1))  # fit the cache
     if path.is_file() and not refresh:
         with contextlib.suppress(ValueError, KeyError, OSError):
             saved = json.loads(path.read_text())

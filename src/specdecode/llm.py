@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from specdecode.controller import Controller, Slot
 from specdecode.drafters import DraftModelDrafter, NgramDrafter, VocabularyMismatch
 from specdecode.drafters.base import Drafter
 from specdecode.engine import SpeculativeDecoder
@@ -72,18 +73,29 @@ class LLM:
         drafter: Drafter | None = None,
         k: int = 4,
         info: LoadInfo | None = None,
-        length_policy: LengthPolicy | None = None,
+        controller: Controller | None = None,
     ) -> None:
+        """drafter: one drafter used at every step, or None; controller: the drafters
+        and their per-step choice from observed costs (controller.py) instead."""
         eos = tuple(dict.fromkeys((*target.eos_token_ids, *tokenizer.eos_token_ids)))
-        self.target, self.tokenizer, self.drafter = target, tokenizer, drafter
+        self.target, self.tokenizer = target, tokenizer
         self.decoder = SpeculativeDecoder(target, drafter, k, eos_token_ids=eos,
-                                          length_policy=length_policy)
+                                          controller=controller)
         self.plain = SpeculativeDecoder(target, None, 0, eos_token_ids=eos)
+        drafters = self.decoder.drafters
+        # The draft model's drafter when there is one (bench, advise read its model).
+        self.drafter = next((d for d in drafters if hasattr(d, "model")),
+                            drafters[0] if drafters else None)
         self.info = info or LoadInfo(target="?")
 
     @property
     def k(self) -> int:
         return self.decoder.k
+
+    @property
+    def speculative(self) -> bool:
+        """Whether generation drafts at all (a drafter and k > 0)."""
+        return bool(self.decoder.drafters) and self.k > 0
 
     @classmethod
     def load(
@@ -109,13 +121,15 @@ class LLM:
         for n-gram lookup (its drafts cost nothing, and copied text runs long; 64
         when adaptive). ngram_max defaults to 3 (8 when adaptive).
 
-        adaptive: cut each step's draft to the length that pays, from the target's
-        measured cost curve (cached per model and machine) and the acceptance seen
-        so far (speclen.py); None: on for the llama.cpp backend, whose small
-        verification batches cost almost a plain step per token. drafter "auto"
-        (needs the costs): the draft model if it would gain 1.25x at 90 %
-        acceptance, else n-gram lookup; the policy still falls back to plain
-        steps wherever drafts do not pay. `info.choice` says what was chosen.
+        adaptive: choose each step's drafter and draft length from costs and
+        acceptance observed as the engine runs (controller.py), the target's cost
+        curve measured at load (cached per model and machine when the measurement
+        was clean) being only the prior; None: on for the llama.cpp backend, whose
+        small verification batches cost almost a plain step per token. drafter
+        "auto" (adaptive only): n-gram lookup, plus the draft model when its
+        start-up costs predict 1.1x or more at 90 % acceptance; every step uses
+        whichever pays most on observed costs, or none (a plain step), and a draft
+        model that does not pay is paused. `info.choice` says what was chosen.
 
         draft_quant: "int8" (weight-only, half the bytes per draft token),
         "none", or "auto" (int8 on CPU in bf16/fp16). It changes only the acceptance rate,
@@ -128,8 +142,11 @@ class LLM:
         (llama.cpp for GGUF files on CPU when llama-cpp-python is installed, else
         torch; see `choose_backend`). None: $SPECDECODE_BACKEND, else "auto".
         Chosen per model."""
+        from specdecode import limits
         from specdecode.models import registry
 
+        limits.check_load(target, k=k, max_seq_len=max_seq_len, dtype=dtype, device=device,
+                          backend=backend)
         if drafter is not None and drafter not in DRAFTERS:
             raise ValueError(f"unknown drafter '{drafter}'; choose one of {', '.join(DRAFTERS)}")
         if draft_model is None and target in registry.PAIRS and drafter in (
@@ -177,23 +194,23 @@ class LLM:
             info.seconds["draft"], info.from_cache["draft"] = d.load_seconds, d.from_cache
             proposer = make_draft_model_drafter(d.model, d.tokenizer, t.model, t.tokenizer,
                                                 confidence_threshold=draft_confidence)
-        policy = None
+        controller = None
         if adaptive and drafter != "none":
             costs = measured_costs(t.model, proposer, info, k, (target_path, draft_path))
             if drafter == "auto":
-                proposer, drafter, info.choice = choose_drafter(costs, proposer, k)
-                info.drafter = drafter
-                if drafter == "ngram":
-                    info.draft = None
-            if drafter == "ngram":
-                costs = CostModel(costs.verify, 0.0)
-            if drafter != "none":
-                policy = LengthPolicy(costs)
-                note = f"draft length per step from costs (now {policy.describe(k)})"
-                info.choice = f"{info.choice}; {note}" if info.choice else note
-        if drafter == "ngram":
+                proposer, info.choice = choose_drafter(costs, proposer, k)
+            ngram = None if drafter == "draft-model" else NgramDrafter(max_n=ngram_max,
+                                                                       min_n=ngram_min)
+            controller = make_controller(costs, ngram, proposer)
+            info.drafter = "+".join(slot.name for slot in controller.slots)
+            if proposer is None:
+                info.draft = None
+            note = f"each step's drafter and length from observed costs ({controller.describe(k)})"
+            info.choice = f"{info.choice}; {note}" if info.choice else note
+            proposer = None
+        elif drafter == "ngram":
             proposer = NgramDrafter(max_n=ngram_max, min_n=ngram_min)
-        return cls(t.model, t.tokenizer, proposer, k, info, policy)
+        return cls(t.model, t.tokenizer, proposer, k, info, controller)
 
     # -- prompts ----------------------------------------------------------------
 
@@ -264,28 +281,40 @@ def measured_costs(target: CausalLM, drafter: Drafter | None, info: LoadInfo, k:
     return costs
 
 
+KEEP_DRAFT_MODEL = 1.1  # predicted speed-up at 90 % acceptance that keeps it loaded
+
+
 def choose_drafter(
     costs: CostModel, draft: Drafter | None, k: int
-) -> tuple[Drafter | None, str, str]:
-    """(drafter, its name, why) for drafter "auto": the draft model when it can pay
-    for itself at 90 % acceptance on this cost curve, else n-gram lookup.
+) -> tuple[Drafter | None, str]:
+    """(the draft-model drafter or None, why) for drafter "auto", which always has
+    n-gram lookup (free) and adds the draft model when its start-up costs predict
+    KEEP_DRAFT_MODEL or more at 90 % acceptance; otherwise the model is closed
+    (its memory freed). The controller then uses it only at steps where it pays
+    on observed costs and pauses it where it does not."""
+    if draft is None:
+        return None, "n-gram lookup (no draft model)"
+    length, rate = best_length(costs, [0.9] * k, k)
+    why = (f"draft model: c_draft {costs.draft_per_token:.2f} plain steps per token; "
+           f"at 90 % acceptance its best draft length {length} gives {rate:.2f}x")
+    if rate >= KEEP_DRAFT_MODEL:
+        return draft, f"n-gram lookup + the {why}"
+    close = getattr(draft.model, "close", None)
+    if close is not None:
+        close()
+    return None, f"n-gram lookup only ({why}, too little to pay)"
 
-    "Pay" means a predicted 1.25x or more: the curve prices one draft token at a
-    short context, but the draft model must also prefill every prompt and its
-    steps slow down as the context grows (llama.cpp, default pair, draft length 3:
-    predicted 1.07-1.19x, measured 1.01x on HumanEval and 0.53x on 1.8k-token
-    editing prompts)."""
+
+def make_controller(costs: CostModel, ngram: Drafter | None, draft: Drafter | None
+                    ) -> Controller:
+    """The adaptive engine's controller: n-gram lookup judged as free, the draft
+    model priced per token, both on costs learnt online from the start-up prior."""
+    slots = []
+    if ngram is not None:
+        slots.append(Slot(ngram, LengthPolicy(CostModel(costs.verify, 0.0)), costly=False))
     if draft is not None:
-        length, rate = best_length(costs, [0.9] * k, k)
-        why = (f"draft model: c_draft {costs.draft_per_token:.2f} plain steps per token; "
-               f"at 90 % acceptance its best draft length {length} gives {rate:.2f}x")
-        if rate >= 1.25:
-            return draft, "draft-model", f"chose the {why}"
-        close = getattr(draft.model, "close", None)
-        if close is not None:
-            close()
-        return None, "ngram", f"chose n-gram lookup ({why}, too little to pay)"
-    return None, "ngram", "chose n-gram lookup (no draft model)"
+        slots.append(Slot(draft, LengthPolicy(costs), costly=True))
+    return Controller(slots, costs)
 
 
 def choose_backend(backend: str, path: Path, device: str) -> str:

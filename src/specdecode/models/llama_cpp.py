@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specdecode import limits
 from specdecode.models import hugepages
 from specdecode.models.base import ForwardOutput
 
@@ -111,8 +112,10 @@ class LlamaCppLM:
         huge_pages: bool | None = None,
     ) -> None:
         """path: a GGUF file. max_seq_len: context size in tokens (default: the
-        model's training context, at most 8192). n_threads: threads for 1-token
-        steps, n_threads_batch: for batches (default: all CPUs available).
+        model's training context, at most 8192; more than that context, or a KV
+        cache the memory cannot hold, is a ValueError before it is allocated).
+        n_threads: threads for 1-token steps, n_threads_batch: for batches
+        (default: all CPUs available).
         n_batch: most tokens per llama_decode call (longer inputs are split).
         flash_attn: True/False, or None: $SPECDECODE_FLASH_ATTN (on / off / auto),
         else llama.cpp's automatic choice (on, for CPUs). Off is faster on this
@@ -163,9 +166,12 @@ class LlamaCppLM:
         self.hidden_size: int = lib.llama_model_n_embd(self._model)
         eos = lib.llama_vocab_eos(vocab)
         self.eos_token_ids: tuple[int, ...] = () if eos < 0 else (int(eos),)
+        trained = lib.llama_model_n_ctx_train(self._model)
         if max_seq_len is None:
-            max_seq_len = min(lib.llama_model_n_ctx_train(self._model), 8192)
-        self.max_seq_len: int = max_seq_len
+            max_seq_len = min(trained, 8192)
+        self.max_seq_len: int = limits.check_context(max_seq_len, trained, path.name)
+        limits.check_memory(self._kv_cache_bytes(max_seq_len),
+                            f"the KV cache of {max_seq_len} tokens")
         self.n_threads = n_threads or default_threads()
         self.n_threads_batch = n_threads_batch or self.n_threads
         self.n_batch = min(n_batch, max_seq_len)
@@ -199,6 +205,13 @@ class LlamaCppLM:
         self._want = np.ctypeslib.as_array(b.logits, shape=(n,))
         self._len = 0
         self.path = path
+
+    def _kv_cache_bytes(self, n_ctx: int) -> int:
+        """Bytes of llama.cpp's f16 KV cache for n_ctx tokens (before it is allocated)."""
+        lib, m = self._lib, self._model
+        head_dim = lib.llama_model_n_embd(m) // max(1, lib.llama_model_n_head(m))
+        return (2 * lib.llama_model_n_layer(m) * lib.llama_model_n_head_kv(m) * head_dim
+                * n_ctx * limits.LLAMA_CPP_KV_BYTES)
 
     # -- CausalLM -------------------------------------------------------------
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from specdecode import limits
 from specdecode.models.arena import move_to_arena
 from specdecode.models.config import ModelConfig
 from specdecode.models.registry import cache_dir
@@ -63,7 +64,11 @@ def load(
     device: str = "cpu",
     max_seq_len: int | None = None,
 ) -> Loaded:
-    """Load a GGUF file or an HF folder as a Transformer plus its tokenizer."""
+    """Load a GGUF file or an HF folder as a Transformer plus its tokenizer.
+
+    max_seq_len: the KV cache size (default: the trained context, at most 8192);
+    more than the trained context, or a cache the memory cannot hold, is a
+    ValueError before anything is allocated (limits.py)."""
     start, path, dtype = time.perf_counter(), Path(path), parse_dtype(dtype)
     if path.is_dir():
         cfg, state, tokenizer, cached = *_load_hf_folder(path, dtype), False
@@ -75,6 +80,7 @@ def load(
         raise FileNotFoundError(f"no such model file or folder: {path}")
     if max_seq_len is None:
         max_seq_len = min(cfg.max_position_embeddings, 8192)
+    limits.check_context(max_seq_len, cfg.max_position_embeddings, path.name)
     model = build(cfg, state, dtype=dtype, device=device, max_seq_len=max_seq_len)
     return Loaded(model, tokenizer, path, time.perf_counter() - start, cached)
 
@@ -180,12 +186,42 @@ def _unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
             .swapaxes(1, 2).reshape(w.shape))
 
 
+def open_gguf(path: Path):
+    """A GGUFReader over a complete GGUF file; a truncated or corrupt one is an
+    UnsupportedModel naming the file, not a raw numpy error."""
+    from gguf import GGUFReader
+
+    path = Path(path)
+    try:
+        reader = GGUFReader(path)
+        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    except (ValueError, IndexError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise UnsupportedModel(f"{path} is not a valid GGUF file (truncated or corrupt: "
+                               f"{str(e).splitlines()[0] if str(e) else type(e).__name__})"
+                               ) from None
+    size = path.stat().st_size
+    if end > size:
+        raise UnsupportedModel(f"{path} is truncated: its tensors need {end} bytes, the file "
+                               f"has {size}")
+    return reader
+
+
+def read_config(path: str | Path) -> ModelConfig:
+    """A model's config from metadata only (GGUF header, converted cache or config.json)."""
+    path = Path(path)
+    if path.is_dir():
+        config_file = path / "config.json"
+        if not config_file.exists():
+            raise UnsupportedModel(f"{path} has no config.json (not a Hugging Face model folder)")
+        return hf_config(json.loads(config_file.read_text()))
+    return gguf_config(open_gguf(path))
+
+
 def read_gguf(path: Path, dtype: torch.dtype, progress: bool = True):
     """Dequantize a whole GGUF file -> (config, state dict in `dtype`)."""
-    from gguf import GGUFReader
     from rich.progress import track
 
-    reader = GGUFReader(path)
+    reader = open_gguf(path)
     cfg = gguf_config(reader)
     state: dict[str, torch.Tensor] = {}
     tensors = track(reader.tensors, description=f"convert {path.name}", disable=not progress,

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdecode import limits
 from specdecode.models.base import ForwardOutput
 from specdecode.models.config import ModelConfig
 
@@ -136,7 +137,8 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = cfg
         self.vocab_size = cfg.vocab_size
-        self.max_seq_len = max_seq_len or cfg.max_position_embeddings
+        self.max_seq_len = limits.check_context(max_seq_len or cfg.max_position_embeddings,
+                                                cfg.max_position_embeddings)
         self.eos_token_ids = tuple(cfg.eos_token_ids)
         with torch.device(device):
             self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
@@ -189,7 +191,14 @@ class Transformer(nn.Module):
         return model.to(device=device, dtype=dtype)
 
     def _allocate_cache(self) -> None:
+        """KV cache and RoPE tables for max_seq_len tokens, on the weights' device and
+        dtype; a ValueError first if they would not fit in the memory left."""
         cfg, ref = self.config, self.embed_tokens.weight
+        elem = ref.element_size()
+        limits.check_memory(
+            limits.kv_cache_bytes(cfg, self.max_seq_len, elem)
+            + limits.rope_bytes(cfg, self.max_seq_len, elem),
+            f"the KV cache of {self.max_seq_len} tokens", str(ref.device))
         shape = (cfg.num_kv_heads, self.max_seq_len, cfg.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=ref.dtype, device=ref.device)
                         for _ in range(cfg.num_layers)]
