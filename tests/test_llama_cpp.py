@@ -197,7 +197,7 @@ def test_llm_load_chooses_the_backend(tmp_path):
     llm = LLM.load("smollm2-135m", drafter="ngram", k=4, backend="llama.cpp", max_seq_len=256,
                    adaptive=False)
     assert isinstance(llm.target, LlamaCppLM) and llm.info.backend == "llama.cpp"
-    assert llm.decoder.length_policy is None
+    assert llm.decoder.controller is None
     prompt = llm.encode("Count from 1 to 10.", chat=True)
     params = SamplingParams(max_tokens=24)
     spec = llm.generate(prompt, params)
@@ -227,16 +227,16 @@ def test_adaptive_load_measures_costs_once_and_says_what_it_chose(tmp_path, monk
     costs = first.info.costs
     assert costs["c"][1] == 1.0 and set(range(1, 10)) <= set(costs["c"])
     assert costs["c_draft"] > 0 and costs["from_cache"] is False
-    assert first.info.drafter in ("draft-model", "ngram")
-    assert "chose" in first.info.choice and "draft length" in first.info.choice
-    assert first.decoder.length_policy is not None
+    assert first.info.drafter in ("ngram+draft-model", "ngram")
+    assert "n-gram lookup" in first.info.choice and "draft length" in first.info.choice
+    assert first.decoder.controller is not None
     again = LLM.load(path, draft_model=path, drafter="auto", backend="llama.cpp",
                      max_seq_len=512)
     assert again.info.costs == {**costs, "from_cache": True}
     assert len(list(tmp_path.iterdir())) == 1
     # Lossless whatever the policy cuts: greedy output equals plain decoding.
     ngram = LLM.load(path, drafter="ngram", backend="llama.cpp", max_seq_len=512)
-    assert ngram.info.costs["c_draft"] == 0.0 and ngram.decoder.length_policy is not None
+    assert ngram.info.costs["c_draft"] == 0.0 and ngram.decoder.controller is not None
     for text in PROMPTS:
         prompt = ngram.tokenizer.encode(text)
         params = SamplingParams(max_tokens=40, ignore_eos=True)

@@ -164,7 +164,7 @@ def _serve(conn, load_kwargs: dict) -> None:
         ids, n, temperature, seed = job
         try:
             result = llm.generate(ids, SamplingParams(temperature=temperature, max_tokens=n),
-                                  seed, speculative=llm.drafter is not None)
+                                  seed, speculative=llm.speculative)
         except Exception as e:  # the parent raises it with this message
             conn.send({"error": f"{type(e).__name__}: {e}"})
             continue

@@ -136,7 +136,11 @@ def cached_costs(
     backend, threads, machine) and kept under $SPECDECODE_CACHE/costs/.
 
     Returns (costs, from_cache). Measuring takes a few seconds of forward passes
-    after a `context_len`-token context; it leaves both caches empty.
+    after a `context_len`-token context; it leaves both caches empty. A curve is
+    written to the cache only when its measurement was clean (`measure_curve`),
+    and a cached curve that is not monotone is measured again: a busy machine at
+    load time must not decide every later run. Either way the curve is only the
+    controller's prior (controller.py).
     """
     path = costs_dir() / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
     sizes = default_sizes(min(max_k, target.max_seq_len - context_len - 1))  # fit the cache
@@ -144,16 +148,17 @@ def cached_costs(
         with contextlib.suppress(ValueError, KeyError, OSError):
             saved = json.loads(path.read_text())
             curve = {int(b): float(c) for b, c in saved["verify"].items()}
-            if saved["key"] == key and set(sizes) <= set(curve):
+            if saved["key"] == key and set(sizes) <= set(curve) and not disturbed_points(curve):
                 return CostModel(curve, float(saved["draft_per_token"])), True
     context = [(i * 7919) % 1000 + 100 for i in range(context_len)]  # any in-vocabulary ids
-    curve = forward_cost_curve(target, context, sizes)
+    curve, clean = measure_curve(target, context, sizes)
     target.rollback(0)
     draft_per_token = 0.0
     if draft is not None:
         draft_per_token = forward_cost_curve(draft, context, [1])[1] / curve[1]
         draft.rollback(0)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"key": key, "verify": curve, "draft_per_token": draft_per_token},
-                               indent=1))
+    if clean:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"key": key, "verify": curve,
+                                    "draft_per_token": draft_per_token}, indent=1))
     return CostModel(curve, draft_per_token), False

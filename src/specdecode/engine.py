@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdecode.controller import Controller, Plan
 from specdecode.drafters.base import Draft, Drafter
 from specdecode.models.base import CausalLM
 from specdecode.sampling import (
@@ -66,9 +67,11 @@ class SpeculativeDecoder:
     Greedy (temperature 0) output is token-for-token the target's own greedy
     output; sampled output has the target's distribution (exact rejection
     sampling). k is the number of draft tokens per step; k = 0 or no drafter is
-    plain decoding. With a `length_policy` each step drafts and verifies only
-    as many of the k tokens as pay for their cost (see speclen.py); without one,
-    always k (fewer only when the drafter has fewer). With a seed, a sample is
+    plain decoding. With a `controller` (controller.py) each step's drafter and
+    draft length come from observed costs and acceptance (it may choose a plain
+    step); `length_policy` is the shorthand for a controller of `drafter` alone
+    that decides with the policy's fixed costs. Without either, always k draft
+    tokens (fewer only when the drafter has fewer). With a seed, a sample is
     the same with speculation on or off when the drafter gives no q (n-gram
     lookup): every target token is drawn with its position's uniform number
     (verify.match_sample); `rejection_sampler` verifies drafts that carry q.
@@ -83,14 +86,37 @@ class SpeculativeDecoder:
         eos_token_ids: Sequence[int] | None = None,
         rejection_sampler: RejectionSampler = rejection_sample,
         length_policy: LengthPolicy | None = None,
+        controller: Controller | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """clock: the time source of the step timings the controller learns from."""
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise ValueError(f"k (num_speculative_tokens) must be an integer >= 0, got {k!r}")
+        if controller is not None and (drafter is not None or length_policy is not None):
+            raise ValueError("give a controller or a drafter (and length policy), not both")
         self.target, self.drafter, self.k = target, drafter, k
         self.eos_token_ids = tuple(
             target.eos_token_ids if eos_token_ids is None else eos_token_ids)
         self.rejection_sampler = rejection_sampler
         self.length_policy = length_policy
+        self._controller, self.clock = controller, clock
+
+    @property
+    def controller(self) -> Controller | None:
+        return self._controller
+
+    def _request_controller(self) -> Controller | None:
+        """The controller of this request (a length policy: one over `drafter` alone)."""
+        if self._controller is None and self.length_policy is not None and self.drafter:
+            return Controller.single(self.drafter, self.length_policy)
+        return self._controller
+
+    @property
+    def drafters(self) -> list[Drafter]:
+        """Every drafter a step may use."""
+        if self._controller is not None:
+            return self._controller.drafters
+        return [] if self.drafter is None else [self.drafter]
 
     def generate(
         self,
@@ -134,49 +160,57 @@ class SpeculativeDecoder:
         target.rollback(0)
         if len(prompt) > 1:
             target.prefill(torch.tensor(prompt[:-1], dtype=torch.long))
-        if self.drafter is not None:
-            self.drafter.begin(prompt, params, generator)
-        if self.length_policy is not None:
-            self.length_policy.begin()
+        for drafter in self.drafters:
+            drafter.begin(prompt, params, generator)
+        controller = self._request_controller()
+        if controller is not None:
+            controller.begin()
         stats.prefill_time = time.perf_counter() - start
 
         context, output = list(prompt), []
         while True:
-            t0 = time.perf_counter()
+            t0 = self.clock()
             budget = min(params.max_tokens - len(output), target.max_seq_len - len(context))
-            draft, judged = self._draft(context, min(self.k, budget - 1), stops)
-            t1 = time.perf_counter()
+            plan = self._plan(controller, context, min(self.k, budget - 1), stops)
+            t1 = self.clock()
+            draft = plan.draft
             result = self._verify(context, draft, params, generator, key)
             target.rollback(len(context) + result.num_accepted)
-            t2 = time.perf_counter()
-            if self.drafter is not None:
-                self.drafter.observe(result.num_accepted)
-            if judged:
-                self.length_policy.observe(len(draft), result.num_accepted)
-
-            new, finish = [], None
-            for token in result.tokens:
-                new.append(token)
-                output.append(token)
-                context.append(token)
-                if token in stops or (stop_hook is not None and stop_hook(output)):
-                    finish = "stop"
-                elif len(output) >= params.max_tokens or len(context) >= target.max_seq_len:
-                    finish = "length"
-                if finish:
-                    break
+            t2 = self.clock()
+            drafter = plan.slot.drafter if plan.slot else None if controller else self.drafter
+            if drafter is not None:
+                drafter.observe(result.num_accepted)
+            if controller is not None:
+                controller.observe(plan, result.num_accepted, t1 - t0, t2 - t1, len(context))
+            new, finish = self._emit(result.tokens, output, context, stops, params, stop_hook)
             accepted = min(result.num_accepted, len(new))
             cut = len(new) < len(result.tokens)
             tried = accepted if cut else min(len(draft), result.num_accepted + 1)
-            stats.record_step(len(draft), accepted, len(new), tried)
-            t3 = time.perf_counter()
+            stats.record_step(len(draft), accepted, len(new), tried,
+                              getattr(drafter, "name", None) if len(draft) else None)
+            t3 = self.clock()
             stats.draft_time += t1 - t0
             stats.verify_time += t2 - t1
             stats.other_time += t3 - t2
-            stats.wall_time = t3 - start
+            stats.wall_time = time.perf_counter() - start
             yield StepEvent(new, finish, stats)
             if finish:
                 return
+
+    def _emit(self, tokens: list[int], output: list[int], context: list[int], stops: set[int],
+              params: SamplingParams, stop_hook: StopHook | None) -> tuple[list[int], str | None]:
+        """Append the step's tokens to output and context up to the first stop; returns
+        (the tokens emitted, finish_reason or None)."""
+        new: list[int] = []
+        for token in tokens:
+            new.append(token)
+            output.append(token)
+            context.append(token)
+            if token in stops or (stop_hook is not None and stop_hook(output)):
+                return new, "stop"
+            if len(output) >= params.max_tokens or len(context) >= self.target.max_seq_len:
+                return new, "length"
+        return new, None
 
     def _check_prompt(self, prompt_ids: Sequence[int]) -> list[int]:
         prompt = [int(t) for t in prompt_ids]
@@ -192,28 +226,19 @@ class SpeculativeDecoder:
                 f"{self.target.max_seq_len} leaves no room for a new token")
         return prompt
 
-    def _draft(self, context: list[int], k: int, stops: set[int]) -> tuple[Draft, bool]:
-        """This step's draft, cut by the length policy; and whether its verification
-        should teach the policy (drafts that cost; free ones are judged in hindsight)."""
-        policy = self.length_policy
-        if policy is None or self.drafter is None or k <= 0:
-            return self._propose(context, k, stops), False
-        if policy.costs.draft_per_token > 0:  # drafting costs: decide before paying
-            k = policy.length(k)
-            if k == 0:
-                policy.observe(0, 0)  # a step without a draft: estimates relax to the prior
-                return Draft.empty(), False
-            return self._propose(context, k, stops), True
-        policy.resolve(context)
-        draft = self._propose(context, k, stops)
-        policy.watch(len(context), draft.tokens.tolist())
-        return draft.truncate(policy.length(len(draft), drafted=True)), False
+    def _plan(self, controller: Controller | None, context: list[int], k: int,
+              stops: set[int]) -> Plan:
+        """This step's draft: the controller's choice, or the drafter's k tokens."""
+        if controller is None:
+            return Plan(self._propose(self.drafter, context, k, stops))
+        return controller.plan(context, k, lambda d, c, n: self._propose(d, c, n, stops))
 
-    def _propose(self, context: list[int], k: int, stops: set[int]) -> Draft:
+    @staticmethod
+    def _propose(drafter: Drafter | None, context: list[int], k: int, stops: set[int]) -> Draft:
         """Ask the drafter for up to k tokens; cut the draft after its first stop token."""
-        if self.drafter is None or k <= 0:
+        if drafter is None or k <= 0:
             return Draft.empty()
-        draft = self.drafter.propose(context, k).truncate(k)
+        draft = drafter.propose(context, k).truncate(k)
         for i, token in enumerate(draft.tokens.tolist()):
             if token in stops:  # nothing after a stop token can be emitted
                 return draft.truncate(i + 1)

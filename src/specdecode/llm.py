@@ -25,7 +25,7 @@ from specdecode.models.quant import quantize_int8, worth_it
 from specdecode.sampling import SamplingParams
 from specdecode.speclen import CostModel, LengthPolicy, best_length
 from specdecode.stats import SpecStats
-from specdecode.text import StopStrings, TextStream, Tokenizer
+from specdecode.text import TextStream, Tokenizer
 
 DRAFTERS = ("auto", "draft-model", "ngram", "none")
 BACKENDS = ("auto", "torch", "llama.cpp")
@@ -235,8 +235,8 @@ class LLM:
         speculative: bool = True,
     ) -> Iterator[TextChunk]:
         decoder = self.decoder if speculative else self.plain
-        hook = StopStrings(self.tokenizer, params.stop) if params.stop else None
         text = TextStream(self.tokenizer, params.stop)
+        hook = text.stop_hook if params.stop else None  # the same decoded text
         for event in decoder.stream(prompt_ids, params, seed, stop_hook=hook):
             delta = text.push(event.token_ids)
             if event.finish_reason:

@@ -49,7 +49,7 @@ def print_report(llm, result, plain=None, file=None) -> None:
     s = result.stats
     table = Table(title="specdecode", show_header=True, header_style="bold")
     table.add_column("metric")
-    table.add_column("speculative" if llm.drafter is not None and llm.k else "plain",
+    table.add_column("speculative" if llm.speculative else "plain",
                      justify="right")
     if plain is not None:
         table.add_column("plain", justify="right")

@@ -38,18 +38,30 @@ from dataclasses import dataclass, field
 class CostModel:
     """Step costs in plain target steps.
 
-    verify: c(b) for the measured batch sizes b (1 included); sizes in between
-        are interpolated linearly, sizes past the last extrapolate its slope.
+    verify: c(b) for the measured batch sizes b (1 included), in any unit (kept
+        relative to c(1)); sizes in between are interpolated linearly, sizes
+        past the last extrapolate its slope.
     draft_per_token: cost of proposing one draft token (0 for n-gram lookup).
+    catchup_per_token: cost of each context token a draft model feeds beyond
+        one before its first draft token (None: a quarter of draft_per_token,
+        batched feeding being cheaper per token than one-token steps).
+    step_seconds: what c(1) was in the unit of `verify` (None: that value):
+        the absolute time of one plain step, for comparing with observed steps.
     """
 
     verify: Mapping[int, float]
     draft_per_token: float = 0.0
+    catchup_per_token: float | None = None
+    step_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if 1 not in self.verify:
             raise ValueError("the cost curve needs c(1), one plain step")
         base = self.verify[1]
+        if self.step_seconds is None:
+            self.step_seconds = base
+        if self.catchup_per_token is None:
+            self.catchup_per_token = self.draft_per_token / 4
         self.verify = {b: c / base for b, c in sorted(self.verify.items())}
 
     @classmethod
@@ -71,20 +83,22 @@ class CostModel:
 
 
 def best_length(
-    costs: CostModel, acceptance: list[float], k: int, *, drafted: bool = False
+    costs: CostModel, acceptance: list[float], k: int, *, drafted: bool = False,
+    overhead: float = 0.0,
 ) -> tuple[int, float]:
     """(L, tokens per plain-step cost) maximising the expected rate over L = 0..k.
 
     acceptance[j - 1] = a_j, the conditional acceptance at position j.
     drafted: the k tokens are already drafted, so their cost is spent and only
-    verification counts."""
+    verification counts. overhead: a cost every L >= 1 pays once (a draft
+    model's catch-up on context it has not seen), in plain steps."""
     per_draft = 0.0 if drafted else costs.draft_per_token
     best, best_rate = 0, 1.0 / costs.c(1)
     expected, survive = 1.0, 1.0
     for length in range(1, k + 1):
         survive *= acceptance[length - 1] if length <= len(acceptance) else 0.0
         expected += survive
-        rate = expected / (costs.c(length + 1) + length * per_draft)
+        rate = expected / (costs.c(length + 1) + length * per_draft + overhead)
         if rate > best_rate + 1e-9:
             best, best_rate = length, rate
     return best, best_rate

@@ -26,20 +26,25 @@ class SpecStats:
     position_accepted: list[int] = field(default_factory=list)
     accepted_per_step: list[int] = field(default_factory=list)
     drafted_per_step: list[int] = field(default_factory=list)
+    drafter_steps: dict[str, int] = field(default_factory=dict)  # steps that verified its draft
     prefill_time: float = 0.0
     draft_time: float = 0.0
     verify_time: float = 0.0
     other_time: float = 0.0
     wall_time: float = 0.0
 
-    def record_step(self, drafted: int, accepted: int, emitted: int, tried: int) -> None:
+    def record_step(self, drafted: int, accepted: int, emitted: int, tried: int,
+                    drafter: str | None = None) -> None:
         """One verification pass.
 
         drafted: tokens in the draft; accepted: draft tokens kept and emitted;
         emitted: tokens emitted (accepted + the recovered/bonus token, fewer if
         a stop cut the step); tried: draft positions the verifier decided on
-        (accepted + the rejected one, if any and it was reached).
+        (accepted + the rejected one, if any and it was reached); drafter: the
+        name of the drafter whose draft it verified (None: no draft).
         """
+        if drafter is not None:
+            self.drafter_steps[drafter] = self.drafter_steps.get(drafter, 0) + 1
         assert accepted <= tried <= drafted and accepted <= emitted
         self.steps += 1
         self.drafted += drafted
@@ -84,6 +89,8 @@ class SpecStats:
             setattr(out, name, getattr(self, name) + getattr(other, name))
         out.accepted_per_step = self.accepted_per_step + other.accepted_per_step
         out.drafted_per_step = self.drafted_per_step + other.drafted_per_step
+        out.drafter_steps = {name: self.drafter_steps.get(name, 0) + other.drafter_steps.get(
+            name, 0) for name in {**self.drafter_steps, **other.drafter_steps}}
         n = max(len(self.position_tried), len(other.position_tried))
         for mine, theirs, dst in (
             (self.position_tried, other.position_tried, out.position_tried),
@@ -102,6 +109,7 @@ class SpecStats:
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,
             "position_acceptance": self.position_acceptance,
+            "drafter_steps": dict(self.drafter_steps),
             "prefill_time": self.prefill_time,
             "draft_time": self.draft_time,
             "verify_time": self.verify_time,

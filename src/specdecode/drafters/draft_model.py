@@ -10,6 +10,8 @@ context, then feeds the rest (usually 1-2 tokens).
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from specdecode.drafters.base import Draft
@@ -56,6 +58,10 @@ class DraftModelDrafter:
         self._cached: list[int] = []  # token ids whose KV is in the draft cache
         self._params = SamplingParams()
         self._generator: torch.Generator | None = None
+        # The last proposal's cost: (tokens fed before the first draft token, seconds of
+        # that forward, one-token forwards after it, their seconds): the controller's
+        # observation of what drafting and catching up cost (controller.py).
+        self.timing: tuple[int, float, int, float] = (0, 0.0, 0, 0.0)
 
     def begin(
         self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator
@@ -63,12 +69,18 @@ class DraftModelDrafter:
         self._params, self._generator = params, generator
         # Keep the cache: a shared prefix with the previous request is reused.
 
-    def _sync(self, context: list[int]) -> list[int]:
-        """Roll the draft cache back to its common prefix with context; return the rest."""
+    def pending(self, context: list[int]) -> int:
+        """Tokens the next proposal after `context` feeds before its first draft token
+        (1-2 when it drafted the step before; the whole gap after a pause)."""
         limit = min(len(self._cached), self.model.cached_len, len(context) - 1)
         common = limit
         if self._cached[:limit] != context[:limit]:
             common = next(i for i in range(limit) if self._cached[i] != context[i])
+        return len(context) - common
+
+    def _sync(self, context: list[int]) -> list[int]:
+        """Roll the draft cache back to its common prefix with context; return the rest."""
+        common = len(context) - self.pending(context)
         self.model.rollback(common)
         del self._cached[common:]
         return context[common:]
@@ -78,10 +90,12 @@ class DraftModelDrafter:
         k = min(k, room)
         if k <= 0:
             return Draft.empty()
+        start = time.perf_counter()
         feed = self._sync(context)
         logits = self.model.forward(
             torch.tensor(feed, dtype=torch.long), last_n=1).logits  # [1, vocab]
         self._cached.extend(feed)
+        first = time.perf_counter()
         tokens: list[int] = []
         q_rows: list[torch.Tensor] = []
         for i in range(k):
@@ -103,6 +117,7 @@ class DraftModelDrafter:
                     torch.tensor([token], dtype=torch.long), last_n=1).logits
                 self._cached.append(token)
         q = None if self._params.greedy else torch.stack(q_rows)  # [k, target_vocab]
+        self.timing = (len(feed), first - start, len(tokens) - 1, time.perf_counter() - first)
         return Draft(torch.tensor(tokens, dtype=torch.long), q)
 
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:  # [draft_vocab] -> [target_vocab]

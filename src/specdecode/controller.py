@@ -1,0 +1,347 @@
+"""Closed-loop control of speculation: which drafter and how many draft tokens, per step.
+
+The engine asks `Controller.plan` for each step's draft and reports back with
+`Controller.observe` (tokens accepted, seconds spent drafting and verifying).
+The decision per step maximises expected emitted tokens per unit of cost
+(speclen.best_length) over the options it has:
+
+- plain: one target step, rate 1;
+- each free drafter (n-gram lookup): it proposes, the draft is cut to the
+  length that pays for its verification; its acceptance is judged in
+  hindsight (speclen.LengthPolicy.watch / resolve), so it costs nothing to
+  keep its estimates current;
+- each costly drafter (a draft model), unless paused: priced before paying,
+  with its per-token cost and the catch-up of tokens it has not seen (the
+  draft model feeds the context it missed before its first draft token).
+
+Costs come from `OnlineCosts`: the start-up curve c(b) is only the prior; the
+wall time of every verification pass, draft token and catch-up is recorded
+per context-length band and batch-size bucket, and medians of recent
+observations correct the prior (robust to single spikes). A disturbed or
+busy machine therefore changes the decisions as soon as steps disagree with
+the prediction; observations expire after HORIZON passes, so a load that has
+gone stops counting. A costly drafter starts with a one-token probe; a
+rejected probe, or recent steps of its own whose emitted tokens did not pay
+for their observed seconds, pause it (no proposals, no catch-up) for 16, 64,
+256, ... steps, after which it is probed again from its optimistic prior.
+Pauses outlive requests (a drafter that does not pay for this pair on this
+machine is not re-tried at full length by every request); acceptance
+estimates do not (speclen.LengthPolicy.begin).
+
+Nothing here changes what is emitted: the controller only chooses the draft
+the verifier sees, and every verifier is lossless for any draft.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from specdecode.drafters.base import Draft, Drafter
+from specdecode.speclen import CostModel, LengthPolicy, best_length
+
+ProposeFn = Callable[[Drafter, list[int], int], Draft]
+"""(drafter, context, k) -> the drafter's draft of at most k tokens (stops applied)."""
+
+MIN_OBSERVATIONS = 3  # a median of fewer is not trusted over the prior
+HORIZON = 512  # passes after which an observation of a pass no longer counts
+PLAIN_EVERY = 64  # passes without a plain one after which a step is plain (to measure it)
+MEASURE_BELOW = 1.5  # ...unless the best draft is free and predicted to gain this much
+FIRST_PAUSE, PAUSE_GROWTH, MAX_PAUSE = 16, 4, 1024  # steps a non-paying drafter sits out
+
+
+def size_bucket(b: int) -> int:
+    """Batch-size bucket: 1 -> 0, 2 -> 1, 3-4 -> 2, 5-8 -> 3, 9-16 -> 4, ..."""
+    return (b - 1).bit_length()
+
+
+def context_band(length: int) -> int:
+    """Context-length band: < 256 -> 0, 256-511 -> 1, 512-1023 -> 2, ..."""
+    return (length // 256).bit_length()
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if len(values) >= MIN_OBSERVATIONS else None
+
+
+class OnlineCosts:
+    """Step costs of this process's target and draft model, learnt from every step.
+
+    prior: the start-up cost curve (relative c(b), c_draft, catch-up);
+        prior.step_seconds is what one plain step took then (any unit, as long
+        as observations use the same clock).
+
+    Each verification pass over b tokens at context length n is stored as the
+    plain-step time it implies, seconds / prior.c(b), in its (band(n),
+    bucket(b)) window of the last WINDOW observations. c(b) now = prior.c(b) *
+    ratio(b), where ratio(b) is the median implied time of b's bucket over the
+    median plain step (bucket 0) of the same band (or of the nearest band with
+    plain steps; none: prior.step_seconds); a bucket never observed takes the
+    ratio of the nearest observed one; nothing observed: the prior. Draft
+    tokens and catch-up tokens have windows of their own, priced against the
+    same plain step. Plain passes are asked for (`needs_plain`) while a band has
+    too few and every PLAIN_EVERY passes. Machine-level state: it outlives
+    requests.
+    """
+
+    WINDOW = 9
+
+    def __init__(self, prior: CostModel) -> None:
+        self.prior = prior
+        self._count = 0  # passes observed so far: the age of an observation
+        self._last_plain = 0  # the pass number of the last plain (one-token) pass
+        self._passes: dict[tuple[int, int], deque] = {}  # -> (pass number, implied seconds)
+        self._draft: deque = deque(maxlen=self.WINDOW)  # seconds per draft token
+        self._catchup: deque = deque(maxlen=self.WINDOW)  # seconds per caught-up token
+
+    def observe_pass(self, b: int, seconds: float, context_len: int) -> None:
+        """A target pass over b new tokens after context_len cached ones took `seconds`."""
+        key = (context_band(context_len), size_bucket(b))
+        window = self._passes.setdefault(key, deque(maxlen=self.WINDOW))
+        self._count += 1
+        if b == 1:
+            self._last_plain = self._count
+        window.append((self._count, seconds / self.prior.c(b)))
+
+    def observe_draft(self, tokens: int, seconds: float) -> None:
+        """`tokens` one-token forwards of the draft model took `seconds` in all."""
+        if tokens > 0:
+            self._draft.append(seconds / tokens)
+
+    def observe_catchup(self, tokens: int, seconds: float) -> None:
+        """The draft model fed `tokens` extra context tokens (beyond one) in `seconds`."""
+        if tokens > 0:
+            self._catchup.append(seconds / tokens)
+
+    def _median_at(self, band: int, bucket: int) -> float | None:
+        """Median implied plain-step seconds of the recent passes of (band, bucket)."""
+        fresh = self._count - HORIZON
+        return _median([v for n, v in self._passes.get((band, bucket), ()) if n > fresh])
+
+    def _nearest(self, band: int, bucket: int) -> float | None:
+        """The median of `bucket` in the band nearest to `band` that has enough of it."""
+        bands = [x for x, j in self._passes if j == bucket and self._median_at(x, j)]
+        if not bands:
+            return None
+        return self._median_at(min(bands, key=lambda x: (abs(x - band), x)), bucket)
+
+    def needs_plain(self, context_len: int) -> bool:
+        """Whether a plain pass should be measured now: the band of this context has
+        fewer than MIN_OBSERVATIONS recent ones, or none came for PLAIN_EVERY passes.
+        Without them every cost is judged against the start-up step, which a busy
+        machine at load time can have made look slow (drafts then look cheap)."""
+        since = self._count - self._last_plain
+        fresh = self._count - HORIZON
+        plain = [n for n, _ in self._passes.get((context_band(context_len), 0), ()) if n > fresh]
+        return since >= PLAIN_EVERY or (len(plain) < MIN_OBSERVATIONS and since >= 2)
+
+    def _plain_at(self, band: int) -> float:
+        """Implied plain-step seconds near `band`: plain passes of the nearest band that
+        has enough; else the prior's own step."""
+        return self._nearest(band, 0) or self.prior.step_seconds
+
+    def plain_seconds(self, context_len: int) -> float:
+        """Seconds of one plain step now, near this context length."""
+        return self._plain_at(context_band(context_len))
+
+    def ratio(self, b: int, context_len: int) -> float:
+        """Observed over predicted cost of a b-token pass, relative to a plain step."""
+        bucket = size_bucket(b)
+        observed = {j for x, j in self._passes if j > 0 and self._median_at(x, j)}
+        if bucket == 0 or not observed:
+            return 1.0
+        nearest = min(observed, key=lambda j: (abs(j - bucket), -j))
+        bands = [x for x, j in self._passes if j == nearest and self._median_at(x, j)]
+        band = min(bands, key=lambda x: (abs(x - context_band(context_len)), x))
+        return self._median_at(band, nearest) / self._plain_at(band)
+
+    def model(self, context_len: int) -> CostModel:
+        """The cost model to decide with now, in plain steps (c(1) = 1)."""
+        prior, plain = self.prior, self.plain_seconds(context_len)
+        curve = {b: prior.c(b) * self.ratio(b, context_len) for b in prior.verify}
+        draft, catchup = _median(self._draft), _median(self._catchup)
+        return CostModel(
+            curve, prior.draft_per_token if draft is None else draft / plain,
+            catchup_per_token=prior.catchup_per_token if catchup is None else catchup / plain,
+            step_seconds=plain)
+
+
+@dataclass
+class Slot:
+    """One drafter under control: its length policy and, if costly, its pause state.
+
+    A costly slot's `recent` holds (tokens emitted, cost in plain steps) of its
+    last few verified steps (cleared at a pause): what it realised, judged
+    against the rate of plain steps (1)."""
+
+    drafter: Drafter
+    policy: LengthPolicy
+    costly: bool  # drafting costs (decide before paying) vs free (judge in hindsight)
+    failures: int = 0  # pauses in a row without a stretch that paid in between
+    paused: int = 0  # steps left before the next probe
+    probing: bool = True  # a costly slot's next draft is a one-token probe
+    recent: deque = field(default_factory=lambda: deque(maxlen=3))
+
+    @property
+    def name(self) -> str:
+        return getattr(self.drafter, "name", type(self.drafter).__name__)
+
+    def pause(self) -> None:
+        """Sit out FIRST_PAUSE steps, PAUSE_GROWTH times longer at each pause in a row."""
+        self.failures += 1
+        self.paused = min(FIRST_PAUSE * PAUSE_GROWTH ** (self.failures - 1), MAX_PAUSE)
+        self.recent.clear()
+
+    def tick(self) -> bool:
+        """One step passes; whether the slot is available for this step."""
+        if self.paused > 0:
+            self.paused -= 1
+            if self.paused == 0:  # probe again, from the optimistic prior
+                self.policy.begin()
+                self.probing = True
+            return False
+        return True
+
+
+@dataclass
+class Plan:
+    """This step's draft and where it came from (slot None: a plain step)."""
+
+    draft: Draft
+    slot: Slot | None = None
+    costs: CostModel | None = None
+    length: int = 0  # a costly drafter's length to ask for (0: the draft is final)
+    k: int = 0  # the most the step could have drafted
+
+
+class Controller:
+    """Chooses each step's drafter and draft length; see the module doc.
+
+    slots: the drafters it may use (free ones first is not required).
+    prior: the start-up cost model. online: learn costs from observed steps
+        (False: decide with the prior alone, deterministic: for replays).
+    """
+
+    def __init__(self, slots: Sequence[Slot], prior: CostModel, *, online: bool = True) -> None:
+        if not slots:
+            raise ValueError("a controller needs at least one drafter")
+        self.slots, self.prior = list(slots), prior
+        self.costs = OnlineCosts(prior) if online else None
+
+    @classmethod
+    def single(cls, drafter: Drafter, policy: LengthPolicy, *, online: bool = False
+               ) -> Controller:
+        """One drafter with its policy; costly when the policy's costs price drafting."""
+        return cls([Slot(drafter, policy, policy.costs.draft_per_token > 0)], policy.costs,
+                   online=online)
+
+    @property
+    def drafters(self) -> list[Drafter]:
+        return [slot.drafter for slot in self.slots]
+
+    def begin(self) -> None:
+        """A new request: acceptance estimates back to their priors; learnt costs and
+        pauses stay (they are about the machine and the pair, not the request)."""
+        for slot in self.slots:
+            slot.policy.begin()
+
+    def cost_model(self, context_len: int) -> CostModel:
+        return self.prior if self.costs is None else self.costs.model(context_len)
+
+    def plan(self, context: list[int], k: int, propose: ProposeFn) -> Plan:
+        """The draft for the step after `context` (at most k tokens; may be empty)."""
+        costs = self.cost_model(len(context))
+        best, best_rate = Plan(Draft.empty(), None, costs, 0, k), 1.0
+        if k <= 0:
+            return best
+        for slot in self.slots:
+            slot.policy.costs = costs
+            if slot.costly:
+                length, rate = self._price_costly(slot, context, k, costs)
+                option = Plan(Draft.empty(), slot, costs, length, k)
+            else:
+                slot.policy.resolve(context)
+                draft = propose(slot.drafter, context, k)
+                slot.policy.watch(len(context), draft.tokens.tolist())
+                length, rate = best_length(costs, slot.policy.acceptance(len(draft)),
+                                           len(draft), drafted=True)
+                option = Plan(draft.truncate(length), slot, costs, 0, k)
+            if length and rate > best_rate + 1e-9:
+                best, best_rate = option, rate
+        if self._measure_plain(best, best_rate, len(context)):
+            return Plan(Draft.empty(), None, costs, 0, k)
+        if best.length:  # a costly drafter won: now pay for its draft
+            best.draft = propose(best.slot.drafter, context, best.length)
+        return best
+
+    def _measure_plain(self, best: Plan, rate: float, context_len: int) -> bool:
+        """Make this step plain to measure one, where that loses little: the best
+        option is a costly drafter (whose price depends on the plain step) or gains
+        less than MEASURE_BELOW."""
+        if self.costs is None or best.slot is None or not self.costs.needs_plain(context_len):
+            return False
+        return best.slot.costly or rate < MEASURE_BELOW
+
+    def _price_costly(self, slot: Slot, context: list[int], k: int, costs: CostModel
+                      ) -> tuple[int, float]:
+        """(length, rate) of asking this costly drafter now; (0, 0) while paused. A
+        probe is taken where the best length would pay, but asks for one token."""
+        if not slot.tick():
+            return 0, 0.0
+        pending = getattr(slot.drafter, "pending", None)
+        catchup = max(0, (pending(context) if pending else 1) - 1) * costs.catchup_per_token
+        length, rate = best_length(costs, slot.policy.acceptance(k), k, overhead=catchup)
+        return (min(length, 1) if slot.probing else length), rate
+
+    def observe(self, plan: Plan, accepted: int, draft_seconds: float, verify_seconds: float,
+                context_len: int) -> None:
+        """The step planned as `plan` accepted `accepted` draft tokens; its drafting
+        and verification took these seconds, after context_len accepted tokens."""
+        if self.costs is not None:
+            self.costs.observe_pass(len(plan.draft) + 1, verify_seconds, context_len)
+        slot = plan.slot
+        if slot is None or not slot.costly or not len(plan.draft):
+            return
+        slot.policy.observe(len(plan.draft), accepted)
+        self._observe_draft_costs(slot)
+        if slot.probing:
+            slot.probing = False
+            if accepted == 0:
+                slot.pause()
+            return
+        slot.recent.append((accepted + 1, self._step_cost(plan, draft_seconds + verify_seconds,
+                                                          context_len)))
+        if len(slot.recent) >= 3:
+            tokens, cost = map(sum, zip(*slot.recent))
+            if tokens < cost:  # fewer tokens than plain steps would have given
+                slot.pause()
+            else:
+                slot.failures = 0
+
+    def _step_cost(self, plan: Plan, seconds: float, context_len: int) -> float:
+        """A step's cost in plain steps: observed, or predicted when not learning."""
+        if self.costs is not None:
+            return seconds / self.costs.plain_seconds(context_len)
+        costs, n = plan.costs or self.prior, len(plan.draft)
+        return costs.c(n + 1) + n * costs.draft_per_token
+
+    def _observe_draft_costs(self, slot: Slot) -> None:
+        timing = getattr(slot.drafter, "timing", None)
+        if self.costs is None or timing is None:
+            return
+        fed, first, rest_tokens, rest = timing
+        self.costs.observe_draft(rest_tokens, rest)
+        if fed > 1 and rest_tokens:
+            self.costs.observe_catchup(fed - 1, max(0.0, first - rest / rest_tokens))
+
+    def describe(self, k: int, context_len: int = 0) -> str:
+        """One line: the options now and their predicted rates."""
+        costs = self.cost_model(context_len)
+        parts = []
+        for slot in self.slots:
+            length, rate = best_length(costs, slot.policy.acceptance(k), k)
+            parts.append(f"{slot.name}: draft length {length} of {k} "
+                         f"(predicted {rate:.2f}x plain steps)")
+        return "; ".join(parts)
