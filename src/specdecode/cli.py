@@ -181,6 +181,9 @@ def cmd_models(args) -> int:
 
 
 def _params(args) -> SamplingParams:
+    from specdecode.text import check_stop_strings
+
+    check_stop_strings(args.stop)  # the limits on stop strings, before loading anything
     return SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         max_tokens=args.max_tokens, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
