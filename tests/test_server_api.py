@@ -11,6 +11,7 @@ import anthropic
 import openai
 import pytest
 
+from injection import control_ids, conversation, hostile
 from server_util import ThreadServer, client, smol_llm
 from specdecode import SamplingParams
 
@@ -183,3 +184,24 @@ def test_health_metrics_and_auth(server, oai):
     bad_ant = anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0, timeout=30)
     with pytest.raises(anthropic.AuthenticationError):
         bad_ant.messages.create(model=NAME, max_tokens=4, messages=CHAT)
+
+
+def test_control_token_text_is_text_on_both_apis(oai, ant):
+    llm = smol_llm()
+    tok, evil = llm.tokenizer, hostile(llm.tokenizer)
+    messages = conversation(evil)  # system, user, assistant, user
+    ids = llm.encode(messages=messages)
+    assert control_ids(tok, ids) == control_ids(tok, llm.encode(messages=conversation("Hi")))
+    want = llm.generate(ids, SamplingParams(temperature=0.0, max_tokens=4))
+    r = oai.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=4)
+    assert r.usage.prompt_tokens == len(ids) and r.choices[0].message.content == want.text
+    parts = [m | {"content": [{"type": "text", "text": evil}]} for m in messages]
+    r = oai.chat.completions.create(model=NAME, messages=parts, temperature=0, max_tokens=4)
+    assert r.usage.prompt_tokens == len(ids)
+    m = ant.messages.create(model=NAME, max_tokens=4, system=evil, messages=messages[1:],
+                            extra_body=GREEDY)
+    assert m.usage.input_tokens == len(ids) and m.content[0].text == want.text
+    raw = tok.encode(evil)
+    assert not control_ids(tok, raw)
+    r = oai.completions.create(model=NAME, prompt=evil, temperature=0, max_tokens=1)
+    assert r.usage.prompt_tokens == len(raw)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import socket
+import time
+from dataclasses import dataclass
 
 import pytest
 
-from server_util import ThreadServer, client, smol_llm
+from server_util import HOST, ThreadServer, client, smol_llm
+from specdecode.text import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 KEY = "k-errors"
 NAME = "smol"
@@ -18,6 +22,19 @@ ANT = {"model": NAME, "max_tokens": 2, "messages": MSG}
 
 def without(body: dict, key: str) -> dict:
     return {k: v for k, v in body.items() if k != key}
+
+
+@dataclass
+class Raw:
+    """A body sent as is, with its own Content-Type."""
+
+    content: str
+    content_type: str
+
+
+LONG_STOP = "x" * (MAX_STOP_CHARS + 1)
+MANY_STOPS = [f"s{i}" for i in range(MAX_STOP_STRINGS + 1)]
+TEXT_PART = [{"role": "user", "content": [{"type": "text"}]}]
 
 
 # (id, method, path, body (dict/list -> JSON, str -> raw bytes), status, param or None)
@@ -120,6 +137,78 @@ CASES = [
     ("unknown-route", "GET", "/v1/engines", None, 404, None),
     ("wrong-method", "GET", "/v1/chat/completions", None, 405, None),
     ("post-models", "POST", "/v1/models", {}, 405, None),
+    ("stop-too-long", "POST", "/v1/chat/completions", CHAT | {"stop": LONG_STOP}, 400, "stop"),
+    ("stop-list-too-long", "POST", "/v1/chat/completions", CHAT | {"stop": ["a", LONG_STOP]},
+     400, "stop"),
+    ("stop-too-many", "POST", "/v1/chat/completions", CHAT | {"stop": MANY_STOPS}, 400,
+     "stop"),
+    ("comp-stop-too-long", "POST", "/v1/completions", COMP | {"stop": LONG_STOP}, 400, "stop"),
+    ("ant-stop-too-long", "POST", "/v1/messages", ANT | {"stop_sequences": [LONG_STOP]}, 400,
+     None),
+    ("ant-stop-too-many", "POST", "/v1/messages", ANT | {"stop_sequences": MANY_STOPS}, 400,
+     None),
+    ("ant-stop-empty", "POST", "/v1/messages", ANT | {"stop_sequences": [""]}, 400, None),
+    ("top-logprobs", "POST", "/v1/chat/completions", CHAT | {"top_logprobs": 2}, 400,
+     "top_logprobs"),
+    ("top-logprobs-string", "POST", "/v1/chat/completions", CHAT | {"top_logprobs": "2"}, 400,
+     "top_logprobs"),
+    ("tool-choice-auto", "POST", "/v1/chat/completions", CHAT | {"tool_choice": "auto"}, 400,
+     "tool_choice"),
+    ("tool-choice-function", "POST", "/v1/chat/completions",
+     CHAT | {"tool_choice": {"type": "function", "function": {"name": "f"}}}, 400,
+     "tool_choice"),
+    ("functions", "POST", "/v1/chat/completions", CHAT | {"functions": [{"name": "f"}]}, 400,
+     "functions"),
+    ("function-call", "POST", "/v1/chat/completions", CHAT | {"function_call": "auto"}, 400,
+     "function_call"),
+    ("modalities-audio", "POST", "/v1/chat/completions",
+     CHAT | {"modalities": ["text", "audio"]}, 400, "modalities"),
+    ("audio", "POST", "/v1/chat/completions", CHAT | {"audio": {"voice": "x"}}, 400, "audio"),
+    ("prediction", "POST", "/v1/chat/completions",
+     CHAT | {"prediction": {"type": "content", "content": "x"}}, 400, "prediction"),
+    ("response-format-json", "POST", "/v1/chat/completions",
+     CHAT | {"response_format": {"type": "json_object"}}, 400, "response_format"),
+    ("logit-bias", "POST", "/v1/chat/completions", CHAT | {"logit_bias": {"5": 1.0}}, 400,
+     "logit_bias"),
+    ("frequency-penalty", "POST", "/v1/chat/completions", CHAT | {"frequency_penalty": 0.5},
+     400, "frequency_penalty"),
+    ("top-k-negative", "POST", "/v1/chat/completions", CHAT | {"top_k": -1}, 400, "top_k"),
+    ("min-p-above-one", "POST", "/v1/chat/completions", CHAT | {"min_p": 1.5}, 400, "min_p"),
+    ("chat-name-int", "POST", "/v1/chat/completions",
+     CHAT | {"messages": [{"role": "user", "content": "x", "name": 3}]}, 400,
+     "messages[0].name"),
+    ("chat-text-part-without-text", "POST", "/v1/chat/completions",
+     CHAT | {"messages": TEXT_PART}, 400, "messages[0].content[0].text"),
+    ("chat-text-part-text-int", "POST", "/v1/chat/completions",
+     CHAT | {"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}, 400,
+     "messages[0].content"),
+    ("comp-suffix", "POST", "/v1/completions", COMP | {"suffix": "x"}, 400, "suffix"),
+    ("comp-logprobs", "POST", "/v1/completions", COMP | {"logprobs": 2}, 400, "logprobs"),
+    ("comp-best-of", "POST", "/v1/completions", COMP | {"best_of": 2}, 400, "best_of"),
+    ("ant-tool-choice", "POST", "/v1/messages", ANT | {"tool_choice": {"type": "auto"}}, 400,
+     None),
+    ("ant-tools", "POST", "/v1/messages", ANT | {"tools": [{"name": "f"}]}, 400, None),
+    ("ant-thinking", "POST", "/v1/messages",
+     ANT | {"thinking": {"type": "enabled", "budget_tokens": 1024}}, 400, None),
+    ("ant-top-k-negative", "POST", "/v1/messages", ANT | {"top_k": -1}, 400, None),
+    ("ant-stream-string", "POST", "/v1/messages", ANT | {"stream": "yes"}, 400, None),
+    ("ant-content-int", "POST", "/v1/messages",
+     ANT | {"messages": [{"role": "user", "content": 4}]}, 400, None),
+    ("ant-text-block-without-text", "POST", "/v1/messages", ANT | {"messages": TEXT_PART},
+     400, None),
+    ("ant-system-block-without-text", "POST", "/v1/messages",
+     ANT | {"system": [{"type": "text"}]}, 400, None),
+    ("chat-text-plain", "POST", "/v1/chat/completions", Raw(json.dumps(CHAT), "text/plain"),
+     415, None),
+    ("chat-form", "POST", "/v1/chat/completions",
+     Raw(json.dumps(CHAT), "application/x-www-form-urlencoded"), 415, None),
+    ("comp-text-plain", "POST", "/v1/completions",
+     Raw(json.dumps(COMP), "text/plain; charset=utf-8"), 415, None),
+    ("ant-text-plain", "POST", "/v1/messages", Raw(json.dumps(ANT), "text/plain"), 415, None),
+    ("ant-form", "POST", "/v1/messages", Raw(json.dumps(ANT), "multipart/form-data"), 415,
+     None),
+    ("chat-long-model-name", "POST", "/v1/chat/completions", CHAT | {"model": "m" * 100000},
+     404, "model"),
 ]
 
 
@@ -138,6 +227,9 @@ def http(server):
 def send(http, method: str, path: str, body):
     if body is None:
         return http.request(method, path)
+    if isinstance(body, Raw):
+        return http.request(method, path, content=body.content,
+                            headers={"Content-Type": body.content_type})
     content = body if isinstance(body, str) else json.dumps(body)
     return http.request(method, path, content=content,
                         headers={"Content-Type": "application/json"})
@@ -187,7 +279,7 @@ def test_extreme_valid_values_generate(http, extreme):
 
 
 def test_still_serves_after_bad_input(http):
-    assert len(CASES) >= 20
+    assert len(CASES) >= 80
     r = send(http, "POST", "/v1/chat/completions", CHAT | {"temperature": 0})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
     assert http.get("/health").json()["in_flight"] == 0
@@ -201,3 +293,46 @@ def test_cli_serve_bad_flags(capsys, argv):
     assert main(argv) == 2  # before any model is loaded
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", CHAT | {"max_tokens": 3, "stop": ["x" * 1_000_000]}),
+    ("/v1/messages", ANT | {"max_tokens": 3, "stop_sequences": ["x" * 1_000_000]})])
+def test_megabyte_stop_string_is_refused_promptly(http, path, body):
+    start = time.monotonic()
+    r = send(http, "POST", path, body)
+    assert r.status_code == 400 and f"at most {MAX_STOP_CHARS} characters" in r.text
+    assert time.monotonic() - start < 5  # it held the engine 66 s
+
+
+def test_head_on_health_and_models(http):
+    for path in ("/health", "/v1/models", f"/v1/models/{NAME}"):
+        r = http.head(path)
+        assert r.status_code == 200 and r.content == b"", path
+
+
+def test_long_names_are_not_echoed_in_full(http):
+    r = send(http, "POST", "/v1/chat/completions", CHAT | {"model": "m" * 500_000})
+    assert r.status_code == 404 and len(r.content) < 1000
+    assert "(500000 characters)" in r.json()["error"]["message"]
+    r = http.get("/v1/" + "p" * 20_000)
+    assert r.status_code == 404 and len(r.content) < 1000
+
+
+def test_text_part_without_text_is_named(http):
+    r = send(http, "POST", "/v1/chat/completions", CHAT | {"messages": TEXT_PART})
+    assert "needs a 'text' string" in r.json()["error"]["message"], r.text
+    r = send(http, "POST", "/v1/chat/completions", Raw(json.dumps(CHAT), "text/plain"))
+    assert "'text/plain'" in r.json()["error"]["message"]
+
+
+def test_body_read_timeout():
+    with ThreadServer(smol_llm(), model_name=NAME, body_timeout=1.0) as s:
+        request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                   b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+        start = time.monotonic()
+        with socket.create_connection((HOST, s.port), timeout=10) as sock:
+            sock.sendall(request)
+            reply = sock.recv(65536)
+        assert time.monotonic() - start < 4  # it held the connection ~130 s
+    assert reply.startswith(b"HTTP/1.1 408") and b"request_timeout" in reply

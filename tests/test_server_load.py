@@ -72,10 +72,12 @@ def test_queue_full_gets_429_in_both_shapes(one_slot):
         r = http.post("/v1/chat/completions",
                       json={"model": NAME, "messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 429 and r.json()["error"]["type"] == "rate_limit_error"
+        assert r.headers["Retry-After"] == "1"
         r = http.post("/v1/messages", json={"model": NAME, "max_tokens": 4,
                                             "messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 429
         assert r.json()["error"]["type"] == "rate_limit_error" and r.json()["type"] == "error"
+        assert int(r.headers["Retry-After"]) >= 1
         second.__exit__(None, None, None)
         first.close()
         assert wait_idle(http, within=1.0) < 1.0

@@ -16,18 +16,19 @@ from typing import Literal
 from fastapi import APIRouter, Request
 from pydantic import Field
 
-from specdecode.server.errors import APIError
+from specdecode.server.errors import APIError, shorten
 from specdecode.server.generation import (
     Completion,
     ServerContext,
     Strict,
+    check_stops,
     complete,
     sampling_params,
     speculative_usage,
     stop_sequence_hit,
 )
 from specdecode.server.sse import EventStream, sse
-from specdecode.server.worker import GenerationFailed, Job
+from specdecode.server.worker import GenerationFailed, Job, ShuttingDown
 
 router = APIRouter()
 
@@ -54,6 +55,7 @@ class MessagesRequest(Strict):
     stream: bool = False
     metadata: dict | None = None
     tools: list | None = None
+    tool_choice: dict | None = None
     thinking: dict | None = None
 
 
@@ -62,9 +64,12 @@ def _text(content: str | list[TextBlock], param: str) -> str:
         return content
     parts = []
     for j, block in enumerate(content):
-        if block.type != "text" or block.text is None:
-            raise APIError(400, f"only text content blocks are supported, got '{block.type}'",
-                           param=f"{param}[{j}]")
+        if block.type != "text":
+            raise APIError(400, f"only text content blocks are supported, got "
+                                f"'{shorten(block.type)}'", param=f"{param}[{j}]")
+        if block.text is None:
+            raise APIError(400, f"{param}[{j}]: a content block of type 'text' needs a "
+                                "'text' string", param=f"{param}[{j}].text")
         parts.append(block.text)
     return "".join(parts)
 
@@ -72,6 +77,8 @@ def _text(content: str | list[TextBlock], param: str) -> str:
 def _messages(req: MessagesRequest) -> list[dict]:
     if req.tools:
         raise APIError(400, "tools are not supported")
+    if req.tool_choice is not None and req.tool_choice.get("type") != "none":
+        raise APIError(400, "tool_choice is not supported (tools are not supported)")
     if req.thinking and req.thinking.get("type") != "disabled":
         raise APIError(400, "extended thinking is not supported")
     if req.messages[-1].role != "user":
@@ -96,9 +103,7 @@ def _stop(ctx: ServerContext, out: Completion, stops: tuple[str, ...]) -> tuple[
 async def messages(req: MessagesRequest, request: Request):
     ctx: ServerContext = request.app.state.ctx
     ctx.check_model(req.model)
-    stops = tuple(req.stop_sequences or ())
-    if any(not s for s in stops):
-        raise APIError(400, "stop_sequences must not hold empty strings")
+    stops = check_stops(tuple(req.stop_sequences or ()), "stop_sequences")
     ids = await ctx.encode_chat(_messages(req))
     params = sampling_params(
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -138,6 +143,10 @@ async def _events(ctx: ServerContext, job: Job, input_tokens: int, mid: str,
     except GenerationFailed as e:
         yield sse({"type": "error", "error": {"type": "api_error",
                                               "message": f"generation failed: {e}"}}, "error")
+        return
+    except ShuttingDown as e:
+        yield sse({"type": "error", "error": {"type": "overloaded_error", "message": str(e)}},
+                  "error")
         return
     yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
     stop_reason, stop_sequence = _stop(ctx, out, stops)

@@ -22,6 +22,7 @@ from specdecode.server.metrics import Metrics
 from specdecode.server.worker import Worker
 
 MAX_BODY_BYTES = 1 << 20
+BODY_TIMEOUT_SECONDS = 20.0
 
 
 def default_model_name(llm: LLM) -> str:
@@ -37,6 +38,7 @@ def create_app(
     max_queue: int = 16,
     model_name: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    body_timeout: float = BODY_TIMEOUT_SECONDS,
 ) -> FastAPI:
     """An ASGI app serving `llm`.
 
@@ -44,6 +46,8 @@ def create_app(
     max_queue: requests that may wait while one generates; more get a 429.
     model_name: the name clients send as `model` (also accepted: "default").
     max_body_bytes: larger request bodies get a 413.
+    body_timeout: seconds to receive a whole request body, else a 408.
+    `app.state.ctx.worker.drain(seconds)` starts a graceful shutdown (see Worker.drain).
     """
     metrics = Metrics()
     worker = Worker(llm, max_queue=max_queue, metrics=metrics)
@@ -62,15 +66,16 @@ def create_app(
     app.include_router(openai_routes.router)
     app.include_router(anthropic_routes.router)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict:
         return {"status": "ok", "model": ctx.model_name, "in_flight": worker.in_flight,
                 "waiting": worker.waiting, "max_queue": worker.max_queue}
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def prometheus(request: Request) -> Response:
         body, content_type = metrics.render()
         return Response(body, media_type=content_type)
 
-    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes, metrics=metrics)
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes, metrics=metrics,
+                       body_timeout=body_timeout)
     return app

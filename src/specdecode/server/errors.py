@@ -20,11 +20,13 @@ log = logging.getLogger("specdecode.server")
 
 OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                 404: "not_found_error", 405: "invalid_request_error",
-                413: "invalid_request_error", 422: "invalid_request_error",
+                408: "invalid_request_error", 413: "invalid_request_error",
+                415: "invalid_request_error", 422: "invalid_request_error",
                 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                    404: "not_found_error", 405: "invalid_request_error",
-                   413: "request_too_large", 422: "invalid_request_error",
+                   408: "invalid_request_error", 413: "request_too_large",
+                   415: "invalid_request_error", 422: "invalid_request_error",
                    429: "rate_limit_error", 500: "api_error", 503: "overloaded_error"}
 
 
@@ -32,13 +34,19 @@ class APIError(Exception):
     """A request the server refuses; the handler renders it in the route's API shape."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
 
 
 def is_anthropic(path: str) -> bool:
     return path.rstrip("/") == "/v1/messages"
+
+
+def shorten(text: str, limit: int = 64) -> str:
+    """`text`, or its first `limit` characters and how long it was (for echoing input)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def error_body(path: str, status: int, message: str, param: str | None = None,
@@ -106,7 +114,8 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return error_response(request.url.path, exc.status, exc.message, exc.param, exc.code)
+        return error_response(request.url.path, exc.status, exc.message, exc.param, exc.code,
+                              headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -117,11 +126,11 @@ def install_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         path = request.url.path
         if exc.status_code == 404:
-            return error_response(path, 404, f"no route {request.method} {path}",
+            return error_response(path, 404, f"no route {request.method} {shorten(path)}",
                                   code="unknown_url")
         if exc.status_code == 405:
-            return error_response(path, 405, f"method {request.method} is not allowed on {path}",
-                                  headers=exc.headers)
+            return error_response(path, 405, f"method {request.method} is not allowed on "
+                                             f"{shorten(path)}", headers=exc.headers)
         return error_response(path, exc.status_code, str(exc.detail), headers=exc.headers)
 
     @app.exception_handler(Exception)

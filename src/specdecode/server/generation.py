@@ -16,12 +16,12 @@ from pydantic import BaseModel, ConfigDict
 
 from specdecode.llm import LLM
 from specdecode.sampling import SamplingParams
-from specdecode.server.errors import APIError
+from specdecode.server.errors import APIError, shorten
 from specdecode.server.metrics import Metrics
 from specdecode.server.sse import ClientGone, until_disconnect
-from specdecode.server.worker import GenerationFailed, Job, QueueFull, Worker
+from specdecode.server.worker import GenerationFailed, Job, QueueFull, ShuttingDown, Worker
 from specdecode.stats import SpecStats
-from specdecode.text import find_stop
+from specdecode.text import check_stop_strings, find_stop
 
 
 class Strict(BaseModel):
@@ -47,7 +47,7 @@ class ServerContext:
 
     def check_model(self, name: str) -> None:
         if name != self.model_name and name not in self.aliases:
-            raise APIError(404, f"the model '{name}' does not exist; this server serves "
+            raise APIError(404, f"the model '{shorten(name)}' does not exist; this server serves "
                                 f"'{self.model_name}'", param="model", code="model_not_found")
 
     async def encode_chat(self, messages: list[dict], param: str = "messages") -> list[int]:
@@ -88,7 +88,27 @@ class ServerContext:
         try:
             return self.worker.submit(prompt_ids, params, seed)
         except QueueFull as e:
-            raise APIError(429, str(e), code="queue_full") from None
+            raise APIError(429, str(e), code="queue_full",
+                           headers={"Retry-After": RETRY_AFTER_SECONDS}) from None
+        except ShuttingDown as e:
+            raise shutting_down(e) from None
+
+
+RETRY_AFTER_SECONDS = "1"  # a generation step is well under a second; the queue moves
+
+
+def shutting_down(e: ShuttingDown) -> APIError:
+    return APIError(503, str(e), code="server_shutting_down")
+
+
+def check_stops(stops: Sequence[str], param: str) -> tuple[str, ...]:
+    """The stop strings, or a 400: empty strings, more than MAX_STOP_STRINGS of them
+    or one longer than MAX_STOP_CHARS (see specdecode.text)."""
+    try:
+        check_stop_strings(stops)
+    except ValueError as e:
+        raise APIError(400, str(e), param=param) from None
+    return tuple(stops)
 
 
 MIN_TEMPERATURE = 1e-5  # below this, sampling is greedy (as vLLM)
@@ -116,7 +136,7 @@ def speculative_usage(stats: SpecStats | None, ctx: ServerContext) -> dict:
     """The `speculative` field of a response's usage."""
     stats = stats or SpecStats()
     return {
-        "drafter": ctx.llm.info.drafter if ctx.llm.drafter is not None else "none",
+        "drafter": ctx.llm.info.drafter if ctx.llm.speculative else "none",
         "k": ctx.llm.k,
         "steps": stats.steps,
         "drafted": stats.drafted,
@@ -167,6 +187,8 @@ async def complete(ctx: ServerContext, job: Job, receive) -> Completion:
         return await until_disconnect(receive, drain())
     except GenerationFailed as e:
         raise APIError(500, f"generation failed: {e}") from None
+    except ShuttingDown as e:
+        raise shutting_down(e) from None
     except ClientGone:  # nobody reads this answer (nginx's "client closed request")
         raise APIError(499, "the client closed the request") from None
     finally:

@@ -5,12 +5,17 @@
   compared in constant time.
 - Request bodies over `max_body_bytes` get a 413 (checked on Content-Length
   and on the bytes actually received); the body is read here once and handed
-  on, so routes and the disconnect watcher see a normal ASGI receive.
+  on, so routes and the disconnect watcher see a normal ASGI receive. A body
+  not received in full within `body_timeout` seconds (a client that declares
+  more bytes than it sends, or trickles them) gets a 408.
+- A POST to a generation route with a Content-Type other than JSON gets a 415
+  (no Content-Type at all is read as JSON).
 - Every response is counted by route and status.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -19,13 +24,15 @@ from specdecode.server.errors import error_response
 from specdecode.server.metrics import Metrics
 
 OPEN_PATHS = ("/health",)
+JSON_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
 DRAIN_FACTOR = 8  # read (and drop) up to this many times the limit before a 413
 
 
 class Guard:
     def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int,
-                 metrics: Metrics | None) -> None:
+                 metrics: Metrics | None, body_timeout: float = 20.0) -> None:
         self.app, self.max_body_bytes, self.metrics = app, max_body_bytes, metrics
+        self.body_timeout = body_timeout
         self.api_key = api_key.encode() if api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -56,25 +63,26 @@ class Guard:
                 headers={"WWW-Authenticate": "Bearer"})
             await response(scope, receive, send)
             return
+        refusal = self._refuse_content_type(scope, headers, path)
         too_large = error_response(
             path, 413, f"the request body is larger than {self.max_body_bytes} bytes",
             code="request_too_large")
         declared = headers.get("content-length", b"")
-        if declared.isdigit() and int(declared) > DRAIN_FACTOR * self.max_body_bytes:
-            await too_large(scope, receive, send)
+        if refusal is None and declared.isdigit() and (
+                int(declared) > DRAIN_FACTOR * self.max_body_bytes):
+            refusal = too_large
+        if refusal is not None:
+            await refusal(scope, receive, send)
             return
-        body, size, disconnected = [], 0, False
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                disconnected = True
-                break
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size <= self.max_body_bytes:
-                body.append(chunk)
-            if not message.get("more_body", False) or size > DRAIN_FACTOR * self.max_body_bytes:
-                break
+        try:
+            body, size, disconnected = await asyncio.wait_for(self._read(receive),
+                                                              self.body_timeout)
+        except TimeoutError:
+            timeout = error_response(path, 408, f"the request body was not received within "
+                                     f"{self.body_timeout:g} s", code="request_timeout",
+                                     headers={"Connection": "close"})
+            await timeout(scope, receive, send)
+            return
         if size > self.max_body_bytes:
             await too_large(scope, receive, send)
             return
@@ -90,6 +98,36 @@ class Guard:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    async def _read(self, receive: Receive) -> tuple[list[bytes], int, bool]:
+        """(body chunks kept, bytes received, whether the client disconnected)."""
+        body, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return body, size, True
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size <= self.max_body_bytes:
+                body.append(chunk)
+            if not message.get("more_body", False) or size > DRAIN_FACTOR * self.max_body_bytes:
+                return body, size, False
+
+    @staticmethod
+    def _refuse_content_type(scope: Scope, headers: dict[str, bytes], path: str):
+        """A 415 response for a non-JSON body on a generation route, else None."""
+        if scope.get("method") != "POST" or path.rstrip("/") not in JSON_ROUTES:
+            return None
+        raw = headers.get("content-type")
+        if raw is None:
+            return None
+        media = raw.decode("latin-1").split(";", 1)[0].strip().lower()
+        if media == "application/json" or media.endswith("+json"):
+            return None
+        shown = media[:64] + ("..." if len(media) > 64 else "")
+        return error_response(path, 415, f"unsupported Content-Type '{shown}': send the body "
+                              "as JSON with 'Content-Type: application/json'",
+                              code="unsupported_media_type")
 
     def _authorized(self, headers: dict[str, bytes]) -> bool:
         assert self.api_key is not None

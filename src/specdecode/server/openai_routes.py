@@ -17,17 +17,18 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Request
 from pydantic import Field
 
-from specdecode.server.errors import APIError
+from specdecode.server.errors import APIError, shorten
 from specdecode.server.generation import (
     Completion,
     ServerContext,
     Strict,
+    check_stops,
     complete,
     sampling_params,
     speculative_usage,
 )
 from specdecode.server.sse import EventStream, sse
-from specdecode.server.worker import GenerationFailed, Job
+from specdecode.server.worker import GenerationFailed, Job, ShuttingDown
 
 router = APIRouter()
 STARTED = int(time.time())
@@ -73,8 +74,15 @@ class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list | None = None
+    tool_choice: str | dict | None = None
+    functions: list | None = None
+    function_call: str | dict | None = None
     response_format: dict | None = None
+    modalities: list[str] | None = None
+    audio: dict | None = None
+    prediction: dict | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -97,7 +105,18 @@ def _refuse_unsupported(req: SamplingFields) -> None:
     if isinstance(req, ChatRequest):
         checks += [
             (bool(req.logprobs), "logprobs", "logprobs are not supported"),
+            (req.top_logprobs is not None, "top_logprobs",
+             "top_logprobs is not supported (logprobs are not supported)"),
             (bool(req.tools), "tools", "tools are not supported"),
+            (req.tool_choice not in (None, "none"), "tool_choice",
+             "tool_choice is not supported (tools are not supported); omit it or send \"none\""),
+            (bool(req.functions), "functions", "functions are not supported"),
+            (req.function_call not in (None, "none"), "function_call",
+             "function_call is not supported"),
+            (req.modalities not in (None, ["text"]), "modalities",
+             "only the \"text\" modality is supported"),
+            (req.audio is not None, "audio", "audio output is not supported"),
+            (req.prediction is not None, "prediction", "predicted outputs are not supported"),
             (req.response_format is not None and req.response_format.get("type") != "text",
              "response_format", "only response_format {\"type\": \"text\"} is supported"),
         ]
@@ -114,10 +133,7 @@ def _refuse_unsupported(req: SamplingFields) -> None:
 
 
 def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
-    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-    if any(not s for s in stops):
-        raise APIError(400, "stop strings must not be empty", param="stop")
-    return stops
+    return check_stops((stop,) if isinstance(stop, str) else tuple(stop or ()), "stop")
 
 
 def _params(ctx: ServerContext, req: SamplingFields, ids: list[int], max_tokens: int | None):
@@ -133,9 +149,13 @@ def _message_text(m: ChatMessage, i: int) -> str:
         return m.content or ""
     parts = []
     for j, part in enumerate(m.content):
-        if part.type != "text" or part.text is None:
-            raise APIError(400, f"only text content parts are supported, got '{part.type}'",
-                           param=f"messages[{i}].content[{j}]")
+        param = f"messages[{i}].content[{j}]"
+        if part.type != "text":
+            raise APIError(400, f"only text content parts are supported, got "
+                                f"'{shorten(part.type)}'", param=param)
+        if part.text is None:
+            raise APIError(400, "a content part of type 'text' needs a 'text' string",
+                           param=f"{param}.text")
         parts.append(part.text)
     return "".join(parts)
 
@@ -146,12 +166,12 @@ def _usage(ctx: ServerContext, prompt_tokens: int, out: Completion) -> dict:
             "total_tokens": prompt_tokens + n, "speculative": speculative_usage(out.stats, ctx)}
 
 
-@router.get("/v1/models")
+@router.api_route("/v1/models", methods=["GET", "HEAD"])
 async def list_models(request: Request) -> dict:
     return {"object": "list", "data": [_model_card(request.app.state.ctx)]}
 
 
-@router.get("/v1/models/{model}")
+@router.api_route("/v1/models/{model}", methods=["GET", "HEAD"])
 async def get_model(model: str, request: Request) -> dict:
     ctx: ServerContext = request.app.state.ctx
     ctx.check_model(model)
@@ -240,9 +260,11 @@ async def _stream(ctx: ServerContext, job: Job, prompt_tokens: int, rid: str, cr
             out.add(c)
             if c.text:
                 yield chunk(c.text)
-    except GenerationFailed as e:
-        yield sse({"error": {"message": f"generation failed: {e}", "type": "server_error",
-                             "param": None, "code": None}})
+    except (GenerationFailed, ShuttingDown) as e:
+        failed = isinstance(e, GenerationFailed)
+        yield sse({"error": {"message": f"generation failed: {e}" if failed else str(e),
+                             "type": "server_error", "param": None,
+                             "code": None if failed else "server_shutting_down"}})
         yield sse("[DONE]")
         return
     yield chunk(None if chat else "", out.finish_reason)

@@ -33,6 +33,10 @@ class GenerationFailed(Exception):
     """The engine raised while generating; the message is safe to show."""
 
 
+class ShuttingDown(Exception):
+    """The server is stopping: no new work, and this job ran past the drain deadline."""
+
+
 _END = object()
 
 
@@ -59,7 +63,7 @@ class Job:
             item = await self.items.get()
             if item is _END:
                 return
-            if isinstance(item, GenerationFailed):
+            if isinstance(item, (GenerationFailed, ShuttingDown)):
                 raise item
             yield item
 
@@ -74,6 +78,8 @@ class Worker:
         self._in_flight = 0  # waiting + running
         self._running = False
         self._thread: threading.Thread | None = None
+        self._jobs_in_flight: set[Job] = set()
+        self.draining = False
         if metrics is not None:
             metrics.watch_queue(lambda: self.waiting, lambda: self.in_flight)
 
@@ -103,12 +109,35 @@ class Worker:
         self.start()
         job = Job(list(prompt_ids), params, seed, asyncio.get_running_loop())
         with self._lock:
+            if self.draining:
+                raise ShuttingDown("the server is shutting down; retry on another instance")
             if self._in_flight > self.max_queue:
                 raise QueueFull(f"the server is busy: {self.waiting} requests are waiting "
                                 f"(--max-queue {self.max_queue}); retry later")
             self._in_flight += 1
+            self._jobs_in_flight.add(job)
         self._jobs.put(job)
         return job
+
+    def drain(self, seconds: float) -> None:
+        """Refuse new jobs (ShuttingDown) from now on; jobs still in flight after
+        `seconds` are stopped and told ShuttingDown (their clients get a 503 or a final
+        error event). Safe to call from a signal handler; idempotent."""
+        with self._lock:
+            if self.draining:
+                return
+            self.draining = True
+        timer = threading.Timer(seconds, self.abort_all)
+        timer.daemon = True
+        timer.start()
+
+    def abort_all(self) -> None:
+        """Stop every job in flight now, each told ShuttingDown."""
+        with self._lock:
+            jobs = list(self._jobs_in_flight)
+        for job in jobs:
+            job.put(ShuttingDown("the server shut down before this request finished"))
+            self.cancel(job)
 
     def cancel(self, job: Job) -> None:
         """The client went away or the request ended: free the slot. Idempotent."""
@@ -116,6 +145,7 @@ class Worker:
             if job.state == "waiting":
                 job.state = "cancelled"
                 self._in_flight -= 1
+                self._jobs_in_flight.discard(job)
                 if self.metrics is not None:
                     self.metrics.generations.labels("cancelled").inc()
             elif job.state == "running":
@@ -140,6 +170,7 @@ class Worker:
                 with self._lock:
                     job.state, self._running = "done", False
                     self._in_flight -= 1
+                    self._jobs_in_flight.discard(job)
                 if self.metrics is not None:
                     self.metrics.observe_generation(outcome, len(job.prompt_ids), tokens, stats)
                 job.put(_END)  # after the slot is free: a finished client may resubmit at once
