@@ -31,11 +31,12 @@ def test_bench_smoke_writes_json_markdown_and_plots(models, tmp_path):
     result = Bench(_options(tmp_path), models).run(progress=False)
     result = json.loads(json.dumps(result))  # JSON-ready as promised
     assert result["schema"] == "specdecode.bench/1"
-    assert result["configs"] == ["specdecode plain", "specdecode draft-model k=2",
-                                 "specdecode draft-model k=4", "specdecode ngram k=4"]
-    assert len(result["runs"]) == 2 * 2 * 4  # prompts x temperatures x configs
+    assert result["configs"] == ["specdecode plain", "specdecode auto (shipped default)",
+                                 "specdecode draft-model k=2", "specdecode draft-model k=4",
+                                 "specdecode ngram k=4"]
+    assert len(result["runs"]) == 2 * 2 * 5  # prompts x temperatures x configs
     by = {(e["workload"], e["temperature"], e["config"]): e for e in result["summary"]}
-    assert len(by) == 16
+    assert len(by) == 20
     for (_, temperature, config), e in by.items():
         assert e["tokens_per_second"] > 0 and e["speedup"] is not None
         if config == "specdecode plain":
@@ -101,6 +102,7 @@ def test_cli_bench_json(tmp_path, capsys):
     (["bench", "--drafters", "medusa"], "unknown value 'medusa'"),
     (["bench", "--peers", "vllm"], "unknown value 'vllm'"),
     (["advise", "--temperature", "-1"], "--temperature must be >= 0"),
+    (["bench", "--background-load", "-1"], "--background-load must be >= 0"),
     (["advise", "--max-draft-k", "0"], "must be >= 1"),
 ])
 def test_cli_bad_input_is_one_line(argv, message, capsys):

@@ -36,8 +36,23 @@ def test_build_folder_is_per_version_and_isa(tmp_path, monkeypatch):
     assert build.is_built(folder)
 
 
-def test_version_is_the_one_the_cpu_extra_pins():
+def test_no_requirement_builds_a_second_llama_cpp():
+    """llama.cpp is built once, by `specdecode build-llama-cpp`; a pip requirement on
+    llama-cpp-python would compile its own copy of the library a second time."""
     from pathlib import Path
 
     pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
-    assert f'"llama-cpp-python=={build.VERSION}"' in pyproject
+    assert "llama-cpp-python" not in pyproject and "llama_cpp_python" not in pyproject
+
+
+def test_bindings_are_installed_without_their_library(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(build, "installed_bindings", lambda: None)
+    monkeypatch.setattr(build.subprocess, "run", lambda cmd, env, **kw: calls.append(
+        (cmd, env["CMAKE_ARGS"])) or type("P", (), {"returncode": 0})())
+    build.install_bindings(tmp_path)
+    (cmd, cmake), = calls
+    assert cmd[-1] == str(tmp_path) and "-DLLAMA_BUILD=OFF" in cmake
+    monkeypatch.setattr(build, "installed_bindings", lambda: build.VERSION)
+    build.install_bindings(tmp_path)
+    assert len(calls) == 1  # already installed: nothing to do

@@ -38,6 +38,7 @@ compares the drafting on the same texts. One heavy process: run nothing else mea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -52,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdecode.bench import workloads
+from specdecode.bench.load import busy_load, force_wrong_drafts
 from specdecode.costs import cpu_name
 from specdecode.models import llama_cpp_build, loading, registry
 from specdecode.sampling import SamplingParams
@@ -153,11 +155,14 @@ def _serve(conn, load_kwargs: dict) -> None:
     """Worker: load one LLM, then answer (ids, n, temperature, seed) until None."""
     from specdecode.llm import LLM
 
+    wrong = load_kwargs.pop("wrong_drafts", False)
     try:
         llm = LLM.load("default", backend="llama.cpp", max_seq_len=4096, **load_kwargs)
     except Exception as e:  # reported to the parent, which stops the run
         conn.send({"error": f"{type(e).__name__}: {e}"})
         return
+    if wrong:
+        force_wrong_drafts(llm.decoder)
     conn.send({"choice": llm.info.choice, "drafter": llm.info.drafter,
                "costs": llm.info.costs})
     while (job := conn.recv()) is not None:
@@ -181,14 +186,18 @@ def main() -> int:
     ap.add_argument("--out", default="bench/results/llama-cpp")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--temperatures", default="0,0.7")
-    ap.add_argument("--humaneval", type=int, default=5)
-    ap.add_argument("--code-edit", type=int, default=2)
-    ap.add_argument("--random", type=int, default=1)
+    ap.add_argument("--workload", "-w", action="append", default=None, dest="workloads",
+                    help=f"{', '.join(workloads.NAMES)} or a .jsonl file, NAME:N for N prompts "
+                         "(repeatable; default humaneval:5, code-edit:2, random:1)")
+    ap.add_argument("--background-load", type=int, default=0, metavar="N",
+                    help="N busy processes compete for the CPU during the measured runs")
     ap.add_argument("--draft-n-max", type=int, default=8, help="llama.cpp draft-simple")
     ap.add_argument("--draft-k", type=int, default=0,
                     help="also run specdecode's draft model at this fixed k (0: skip)")
     ap.add_argument("--drafter", default="auto",
                     help="specdecode's adaptive configuration: auto (chosen from costs), ngram")
+    ap.add_argument("--wrong-drafts", action="store_true",
+                    help="also run the shipped default with every draft token forced wrong")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", type=int, default=1,
@@ -200,14 +209,18 @@ def main() -> int:
     tools = llama_cpp_build.build()
     target, draft = (registry.resolve(name) for name in registry.PAIRS["default"])
     tok = loading.load_tokenizer(target)
-    prompts = (workloads.humaneval(args.humaneval) + workloads.code_edit(args.code_edit)
-               + workloads.random(args.random))
+    prompts = [p for w in args.workloads or ["humaneval:5", "code-edit:2", "random:1"]
+               for p in workloads.load(w)]
     temps = [float(t) for t in args.temperatures.split(",")]
 
     engines = [Engine("specdecode plain", drafter="none")]
     auto = Engine("specdecode adaptive", drafter=args.drafter)
-    auto.label = f"specdecode {auto.info['drafter']} adaptive"
+    auto.label = ("specdecode auto (shipped default)" if args.drafter == "auto" else
+                  f"specdecode {auto.info['drafter']} adaptive")
     engines.append(auto)
+    if args.wrong_drafts:
+        engines.append(Engine("specdecode auto, drafts forced wrong", drafter=args.drafter,
+                              wrong_drafts=True))
     if args.draft_k:
         engines.append(Engine(f"specdecode draft-model k={args.draft_k}", drafter="draft-model",
                               k=args.draft_k, adaptive=False))
@@ -219,13 +232,14 @@ def main() -> int:
                # reset only when full): a repeated prompt would be copied from the server's
                # memory of its earlier answer. Ours starts every request empty; so does it.
                Server("llama.cpp ngram-mod", ["--spec-type", "ngram-mod"], fresh=True)]
-    rows = []
+    rows, load = [], contextlib.ExitStack()
     try:
         for server in servers:
             server.start(tools, target, 4096, args.threads)
         configs = [*servers, *engines]
         for c in configs:  # warm-up: load pages, pick kernels
             c.complete(prompts[0].ids(tok)[:64], 8, 0.0, 0)
+        load.enter_context(busy_load(args.background_load))
         for t in temps:
             for p in prompts:
                 ids = p.ids(tok)
@@ -241,11 +255,13 @@ def main() -> int:
                               f"{out['tps']:6.2f} tok/s drafted {out['drafted']:4} "
                               f"accepted {out['accepted']:4}", file=sys.stderr, flush=True)
     finally:
+        load.close()
         for c in [*servers, *engines]:
             c.stop()
     report = summarise(rows, [c.label for c in configs], temps)
     meta = {"command": " ".join(sys.argv), "machine": platform.processor() or platform.machine(),
             "cpu": cpu_name(), "threads": args.threads, "llama_cpp_build": str(tools),
+            "background_load": args.background_load,
             "choice": auto.info["choice"], "costs": auto.info["costs"]}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps({"meta": meta, "summary": report,
@@ -292,7 +308,8 @@ def summarise(rows: list[dict], labels: list[str], temps: list[float]) -> list[d
 def markdown(meta: dict, report: list[dict]) -> str:
     lines = ["# specdecode (llama.cpp backend) vs llama.cpp\n", f"`{meta['command']}`\n",
              f"CPU: {meta['cpu']}, {meta['threads']} threads; llama.cpp built at "
-             f"`{meta['llama_cpp_build']}`.\n", f"specdecode's choice: {meta['choice']}\n",
+             f"`{meta['llama_cpp_build']}`; background load: {meta['background_load']} busy "
+             "processes.\n", f"specdecode's choice: {meta['choice']}\n",
              f"Cost curve c(b) in plain steps: {meta['costs']}\n",
              "Decoding tokens/s (prefill excluded), median over the prompts of a class "
              "(x seeds at T > 0); speedup paired per prompt and seed against llama.cpp "

@@ -105,6 +105,20 @@ class SpeculativeDecoder:
     def controller(self) -> Controller | None:
         return self._controller
 
+    def _begin(self, prompt: list[int], params: SamplingParams,
+               generator: torch.Generator) -> Controller | None:
+        """Prefill all but the prompt's last token; start the drafters and the
+        controller on the request; returns the request's controller."""
+        self.target.rollback(0)
+        if len(prompt) > 1:
+            self.target.prefill(torch.tensor(prompt[:-1], dtype=torch.long))
+        for drafter in self.drafters:
+            drafter.begin(prompt, params, generator)
+        controller = self._request_controller()
+        if controller is not None:
+            controller.begin()
+        return controller
+
     def _request_controller(self) -> Controller | None:
         """The controller of this request (a length policy: one over `drafter` alone)."""
         if self._controller is None and self.length_policy is not None and self.drafter:
@@ -156,15 +170,7 @@ class SpeculativeDecoder:
         stops = set(params.stop_token_ids)
         if not params.ignore_eos:
             stops |= set(self.eos_token_ids)
-
-        target.rollback(0)
-        if len(prompt) > 1:
-            target.prefill(torch.tensor(prompt[:-1], dtype=torch.long))
-        for drafter in self.drafters:
-            drafter.begin(prompt, params, generator)
-        controller = self._request_controller()
-        if controller is not None:
-            controller.begin()
+        controller = self._begin(prompt, params, generator)
         stats.prefill_time = time.perf_counter() - start
 
         context, output = list(prompt), []

@@ -34,7 +34,7 @@ class AdviseOptions:
     max_ngram_k: int = 24
     dtype: str = "bfloat16"
     device: str = "cpu"
-    backend: str = "torch"
+    backend: str | None = None  # None: $SPECDECODE_BACKEND or auto, as LLM.load
     draft_quant: str = "auto"
     seed: int = 0
 
@@ -42,6 +42,7 @@ class AdviseOptions:
 def _bench_options(o: AdviseOptions) -> BenchOptions:
     return BenchOptions(target=o.target, draft_model=o.draft_model, workloads=o.workloads,
                         limit=o.limit, max_tokens=o.max_tokens,
+                        drafters=["draft-model", "ngram"],
                         draft_k=[o.max_draft_k], ngram_k=[o.max_ngram_k],
                         temperatures=[o.temperature], dtype=o.dtype, device=o.device,
                         backend=o.backend, peers=[], draft_quant=o.draft_quant,

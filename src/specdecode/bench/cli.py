@@ -52,9 +52,10 @@ def _common(p: argparse.ArgumentParser, positive_int) -> None:
     p.add_argument("--limit", type=positive_int, default=None, help="prompts per workload")
     p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--backend", choices=["torch", "llama.cpp"], default="torch",
-                   help="what runs the models (llama.cpp: GGUF files on CPU, pip install "
-                        "-e '.[cpu]')")
+    p.add_argument("--backend", choices=["auto", "torch", "llama.cpp"], default=None,
+                   help="what runs the models (default $SPECDECODE_BACKEND, else auto: "
+                        "llama.cpp for GGUF files on CPU once `specdecode build-llama-cpp` "
+                        "has built it, else torch)")
     p.add_argument("--draft-quant", choices=["auto", "int8", "none"], default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -64,8 +65,10 @@ def add_parsers(sub, positive_int) -> None:
     p = sub.add_parser("bench", help="benchmark plain, drafters and peers side by side")
     _common(p, positive_int)
     p.add_argument("--max-tokens", "-n", type=positive_int, default=128)
-    p.add_argument("--drafters", type=_choice_list(("draft-model", "ngram")),
-                   default=["draft-model", "ngram"], help="comma-separated (default: both)")
+    p.add_argument("--drafters", type=_choice_list(("auto", "draft-model", "ngram")),
+                   default=["auto", "draft-model", "ngram"],
+                   help="comma-separated; auto is the shipped default, as `LLM.load` gives it "
+                        "(default: all three)")
     p.add_argument("-k", "--num-speculative-tokens", type=_int_list, default=[8],
                    dest="draft_k", help="k values for the draft model, e.g. 4,8 (default 8)")
     p.add_argument("--ngram-k", type=_int_list, default=[16],
@@ -78,6 +81,8 @@ def add_parsers(sub, positive_int) -> None:
                    help="HF prompt_lookup_num_tokens (default 10)")
     p.add_argument("--draft-confidence", type=float, default=0.3)
     p.add_argument("--repeats", type=positive_int, default=1)
+    p.add_argument("--background-load", type=int, default=0, metavar="N",
+                   help="N busy processes compete for the CPU during the measured runs")
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--out", default="specdecode-bench",
                    help="writes OUT.json, OUT.md and OUT-*.png (default: specdecode-bench)")
@@ -102,6 +107,8 @@ def cmd_bench(args) -> int:
 
     names = args.workloads or ["humaneval", "code-edit"]
     _check_workloads(names, args.limit)
+    if args.background_load < 0:
+        raise ValueError(f"--background-load must be >= 0, got {args.background_load}")
     options = BenchOptions(
         target=args.target, draft_model=args.draft_model, workloads=names, limit=args.limit,
         max_tokens=args.max_tokens, drafters=args.drafters, draft_k=args.draft_k,
@@ -110,7 +117,7 @@ def cmd_bench(args) -> int:
         peers=[p for p in args.peers if p != "none"],
         repeats=args.repeats, warmup=not args.no_warmup, draft_quant=args.draft_quant,
         draft_confidence=args.draft_confidence, prompt_lookup_k=args.prompt_lookup_k,
-        seed=args.seed)
+        seed=args.seed, background_load=args.background_load)
     result = run(options, progress=not args.json)
     command = "specdecode " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     paths = report.write(result, args.out, command=command, plot=not args.no_plots)

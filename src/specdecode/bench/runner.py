@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from specdecode.bench import hf_peer, workloads
+from specdecode.bench.load import busy_load
 from specdecode.bench.summary import margin_at_divergence, summarise
 from specdecode.drafters import NgramDrafter
 from specdecode.llm import LLM
@@ -31,7 +32,8 @@ SCHEMA = "specdecode.bench/1"
 @dataclass(frozen=True)
 class Config:
     """One way of decoding. engine: specdecode | hf; method: plain | draft-model | ngram |
-    assisted | prompt-lookup; k: draft tokens per step (0 for plain)."""
+    auto (the shipped default: `LLM.load` with no drafter options) | assisted |
+    prompt-lookup; k: draft tokens per step (0 for plain and auto)."""
 
     engine: str
     method: str
@@ -40,6 +42,8 @@ class Config:
     @property
     def label(self) -> str:
         name = "specdecode" if self.engine == "specdecode" else "HF"
+        if self.method == "auto":
+            return f"{name} auto (shipped default)"
         return f"{name} {self.method}" + (f" k={self.k}" if self.k else "")
 
     @property
@@ -55,13 +59,14 @@ class BenchOptions:
     workloads: list[str] = field(default_factory=lambda: ["humaneval", "code-edit"])
     limit: int | None = None
     max_tokens: int = 128
-    drafters: list[str] = field(default_factory=lambda: ["draft-model", "ngram"])
+    drafters: list[str] = field(default_factory=lambda: ["auto", "draft-model", "ngram"])
     draft_k: list[int] = field(default_factory=lambda: [8])
     ngram_k: list[int] = field(default_factory=lambda: [16])
     temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7])
     dtype: str = "bfloat16"
     device: str = "cpu"
-    backend: str = "torch"  # torch | llama.cpp (GGUF on CPU)
+    backend: str | None = None  # auto | torch | llama.cpp; None: $SPECDECODE_BACKEND or auto
+    background_load: int = 0  # busy processes competing for the CPU during the runs
     peers: list[str] = field(default_factory=lambda: ["hf"])
     repeats: int = 1
     warmup: bool = True
@@ -100,6 +105,8 @@ def tensor_bytes(model) -> int:
 
 def specdecode_configs(options: BenchOptions, has_draft: bool) -> list[Config]:
     configs = [Config("specdecode", "plain")]
+    if "auto" in options.drafters:
+        configs.append(Config("specdecode", "auto"))
     if "draft-model" in options.drafters and has_draft:
         configs += [Config("specdecode", "draft-model", k) for k in options.draft_k]
     if "ngram" in options.drafters:
@@ -124,8 +131,12 @@ def load_models(options: BenchOptions) -> Models:
     memory = {"target": model_bytes(llm.target, target_path)}
     if draft_path is not None:
         memory["draft"] = model_bytes(llm.drafter.model, draft_path)
-    return Models(build_llms(options, llm.target, llm.tokenizer, llm.drafter), target_path,
-                  draft_path, memory)
+    llms = build_llms(options, llm.target, llm.tokenizer, llm.drafter)
+    if "auto" in options.drafters:  # what a user who sets nothing runs: its own load
+        llms[Config("specdecode", "auto").label] = LLM.load(
+            options.target, draft_model=options.draft_model, dtype=options.dtype,
+            device=options.device, backend=options.backend)
+    return Models(llms, target_path, draft_path, memory)
 
 
 def model_bytes(model, path: Path) -> int:
@@ -138,6 +149,8 @@ def build_llms(options: BenchOptions, target, tokenizer, draft_drafter) -> dict[
     shared between k values, which run one at a time."""
     llms = {}
     for c in specdecode_configs(options, draft_drafter is not None):
+        if c.method == "auto":
+            continue  # loaded as users load it (load_models)
         drafter = {"plain": None, "draft-model": draft_drafter,
                    "ngram": NgramDrafter(max_n=3, min_n=1)}[c.method]
         llms[c.label] = LLM(target, tokenizer, drafter, c.k)
@@ -155,7 +168,8 @@ def machine(options: BenchOptions) -> dict:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(),
-            "dtype": options.dtype, "device": options.device, "backend": options.backend}
+            "dtype": options.dtype, "device": options.device, "backend": options.backend,
+            "background_load": options.background_load}
 
 
 class Bench:
@@ -215,7 +229,6 @@ class Bench:
         tok = self.models.plain.tokenizer
         prompts = [p for w in o.workloads for p in workloads.load(w, o.limit)]
         total = o.repeats * len(prompts) * len(o.temperatures) * len(self.configs)
-        rows: list[dict] = []
         from rich.progress import Progress
 
         with Progress(disable=not progress, transient=False) as bar:
@@ -226,27 +239,8 @@ class Bench:
                 for c in self.configs:
                     for t in o.temperatures:
                         self.run_one(c, warm, t, o.seed, 8)
-            for repeat in range(o.repeats):
-                for i, prompt in enumerate(prompts):
-                    ids = prompt.ids(tok)
-                    for temperature in o.temperatures:
-                        for c in self.configs:
-                            bar.update(task, description=f"{prompt.name} T={temperature} "
-                                                         f"{c.label}")
-                            row = self.run_one(c, ids, temperature,
-                                               o.seed + 1000 * repeat + i, o.max_tokens)
-                            n = len(row["token_ids"])
-                            row.update(workload=prompt.workload, prompt=prompt.name,
-                                       temperature=temperature, repeat=repeat,
-                                       config=c.label, engine=c.engine, method=c.method,
-                                       k=c.k, prompt_tokens=len(ids), new_tokens=n,
-                                       tokens_per_second=n / row["seconds"])
-                            rows.append(row)
-                            bar.advance(task)
-                            if progress and not bar.console.is_terminal:  # a log, not a bar
-                                bar.console.print(f"{prompt.name} T={temperature:g} "
-                                                  f"{c.label}: {n} tokens, "
-                                                  f"{row['tokens_per_second']:.2f} tok/s")
+            with busy_load(o.background_load):  # after the warm-up, for every run alike
+                rows = self._timed_runs(prompts, bar, task, progress)
         self._margins(rows, prompts)
         self.models.memory["peak_rss"] = resource.getrusage(
             resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -255,6 +249,30 @@ class Bench:
                 "configs": [c.label for c in self.configs], "memory": self.models.memory,
                 "notes": self.notes, "summary": summarise(rows, self.configs),
                 "runs": rows}
+
+    def _timed_runs(self, prompts: list, bar, task, progress: bool) -> list[dict]:
+        """Every configuration on every prompt and temperature, interleaved."""
+        o, tok, rows = self.options, self.models.plain.tokenizer, []
+        for repeat in range(o.repeats):
+            for i, prompt in enumerate(prompts):
+                ids = prompt.ids(tok)
+                for temperature in o.temperatures:
+                    for c in self.configs:
+                        bar.update(task, description=f"{prompt.name} T={temperature} {c.label}")
+                        row = self.run_one(c, ids, temperature, o.seed + 1000 * repeat + i,
+                                           o.max_tokens)
+                        n = len(row["token_ids"])
+                        row.update(workload=prompt.workload, prompt=prompt.name,
+                                   temperature=temperature, repeat=repeat, config=c.label,
+                                   engine=c.engine, method=c.method, k=c.k,
+                                   prompt_tokens=len(ids), new_tokens=n,
+                                   tokens_per_second=n / row["seconds"])
+                        rows.append(row)
+                        bar.advance(task)
+                        if progress and not bar.console.is_terminal:  # a log, not a bar
+                            bar.console.print(f"{prompt.name} T={temperature:g} {c.label}: "
+                                              f"{n} tokens, {row['tokens_per_second']:.2f} tok/s")
+        return rows
 
     def _margins(self, rows: list[dict], prompts: list) -> None:
         """At T=0: first divergence from the engine's plain output and the target's top-2

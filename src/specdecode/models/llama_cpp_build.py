@@ -1,18 +1,20 @@
 """Build llama.cpp (shared libraries + llama-server + llama-bench) into the cache.
 
-`specdecode build-llama-cpp` compiles the llama.cpp sources vendored in the
-pinned llama-cpp-python sdist into $SPECDECODE_CACHE/llama.cpp/<version>-<isa>/
-(lib/, bin/). The llama.cpp backend loads its libraries from there when the
-folder exists (see llama_cpp.use_cached_build), and the llama.cpp benchmark
-runs its llama-server.
+`specdecode build-llama-cpp` is the one build of the llama.cpp backend: it
+compiles the llama.cpp sources vendored in the pinned llama-cpp-python sdist
+into $SPECDECODE_CACHE/llama.cpp/<version>-<isa>/ (lib/, bin/), then installs
+llama-cpp-python's Python bindings from the same sdist without building their
+own copy of the library (CMAKE_ARGS=-DLLAMA_BUILD=OFF: about 10 s). The
+backend points the bindings at the cached libraries (LLAMA_CPP_LIB_PATH, see
+llama_cpp.use_cached_build), and the llama.cpp benchmark runs its llama-server.
+About 9 minutes on 2 cores (AMD EPYC, AVX2); instant when already built.
 
 Why not llama-cpp-python's own build (-DGGML_NATIVE=ON): on CPUs with AMX
 (Sapphire Rapids and later) it enables ggml's AMX kernels, whose first matmul
 crashed (SIGSEGV at `ldtilecfg`, even with the AMX permission requested) in
 this project's VMs; the backend then has to turn off every repacked weight
 layout and decodes 2x slower. This build enables AVX-512 (VNNI, BF16, VBMI)
-and AVX-VNNI where the CPU has them, and never AMX. About 25 minutes on 2
-cores; instant when the folder already holds a finished build.
+and AVX-VNNI where the CPU has them, and never AMX.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-VERSION = "0.3.36"  # the llama-cpp-python release pinned by the `cpu` extra
+VERSION = "0.3.36"  # the llama-cpp-python release whose sources and bindings are used
 
 
 def cpu_flags() -> set[str]:
@@ -74,12 +76,44 @@ def is_built(folder: Path) -> bool:
         folder / "bin" / "llama-server").is_file()
 
 
-def build(jobs: int | None = None) -> Path:
-    """Build (or find) llama.cpp for this CPU; returns its folder. Raises
-    RuntimeError naming the step that failed."""
+def installed_bindings() -> str | None:
+    """The installed llama-cpp-python version, or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("llama_cpp_python")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def install_bindings(src: Path) -> None:
+    """pip-install llama-cpp-python's Python package from the sdist at `src` without
+    its library (the cached build provides it), unless VERSION is installed."""
+    if installed_bindings() == VERSION:
+        return
+    env = {**os.environ, "CMAKE_ARGS": "-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF"}
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", str(src)],
+                          env=env, stdout=sys.stderr, stderr=sys.stderr)
+    if proc.returncode != 0:
+        raise RuntimeError(f"installing the llama-cpp-python bindings failed (exit "
+                           f"{proc.returncode})")
+
+
+def build(jobs: int | None = None, bindings: bool = True) -> Path:
+    """Build (or find) llama.cpp for this CPU, and (bindings) install the Python
+    bindings that use it; returns the build's folder. Raises RuntimeError naming
+    the step that failed."""
     out = build_dir()
-    if is_built(out):
-        return out
+    src = _sources()
+    if not is_built(out):
+        _compile(src, out, jobs)
+    if bindings:
+        install_bindings(src)
+    return out
+
+
+def _sources() -> Path:
+    """The unpacked llama-cpp-python sdist (downloaded once)."""
     src_root = build_root() / "src"
     src = src_root / f"llama_cpp_python-{VERSION}"
     if not src.is_dir():
@@ -88,6 +122,11 @@ def build(jobs: int | None = None) -> Path:
               ":all:", f"llama-cpp-python=={VERSION}", "-d", str(src_root)], "download the sdist")
         with tarfile.open(src_root / f"llama_cpp_python-{VERSION}.tar.gz") as tar:
             tar.extractall(src_root, filter="data")
+    return src
+
+
+def _compile(src: Path, out: Path, jobs: int | None) -> None:
+    """Configure and compile the vendored llama.cpp into `out` (lib/, bin/)."""
     _, opts = cmake_options(cpu_flags())
     work = out / "build"
     _run(["cmake", "-S", str(src / "vendor" / "llama.cpp"), "-B", str(work),
@@ -108,7 +147,6 @@ def build(jobs: int | None = None) -> Path:
             target.symlink_to(os.readlink(lib))
         else:
             shutil.copy2(lib, target)
-    return out
 
 
 def _run(cmd: list[str], step: str) -> None:
