@@ -78,7 +78,7 @@ def test_online_costs_correct_the_prior_and_ignore_single_spikes():
     assert costs.plain_seconds(3000) == pytest.approx(0.05)  # the nearest band's plain step
 
 
-def test_a_cost_curve_measured_under_load_is_repaired_and_not_cached():
+def test_a_cost_curve_measured_under_load_is_repaired_and_not_cached(monkeypatch):
     spike = {1: 1.0, 2: 1.7, 3: 46.1, 4: 1.75, 5: 2.3, 6: 1.19, 8: 3.0}  # the issue's curve
     assert {3, 5} <= disturbed_points(spike)
     fixed = monotone(spike)
@@ -103,6 +103,7 @@ def test_a_cost_curve_measured_under_load_is_repaired_and_not_cached():
 
     import specdecode.costs as costs_module
 
+    monkeypatch.setattr(costs_module, "others_busy", lambda before: 0.0)  # a quiet machine
     original = costs_module.forward_cost_curve
     try:
         costs_module.forward_cost_curve = fake_curve
@@ -113,6 +114,10 @@ def test_a_cost_curve_measured_under_load_is_repaired_and_not_cached():
             b: (50.0 if b == 3 else float(b)) for b in s}  # disturbed every time
         curve, clean = measure_curve(Model(), [1, 2], [1, 2, 3, 4])
         assert not clean and curve[3] == 4.0
+        costs_module.forward_cost_curve = lambda m, c, s, repeats=3: {b: float(b) for b in s}
+        assert measure_curve(Model(), [1, 2], [1, 2, 3, 4])[1]
+        monkeypatch.setattr(costs_module, "others_busy", lambda before: 0.6)  # a busy one
+        assert not measure_curve(Model(), [1, 2], [1, 2, 3, 4])[1]
     finally:
         costs_module.forward_cost_curve = original
 
@@ -241,3 +246,44 @@ def test_a_start_up_step_measured_under_load_is_replaced_by_measured_plain_steps
     # judged against the start-up step alone: 21 steps drafted, 116 steps' time
     assert out.stats.drafter_steps.get("costly", 0) <= 8
     assert clock.now < 110
+
+
+def test_forced_wrong_drafts_are_soon_not_verified(target):
+    """The benchmark's adverse case (bench/load.py): the adaptive engine's drafters with
+    every token forced wrong. Output unchanged; after the first steps, no draft is
+    verified but the draft model's rare one-token probes."""
+    from specdecode import DraftModelDrafter, NgramDrafter
+    from specdecode.bench.load import force_wrong_drafts
+    from specdecode.llm import make_controller
+
+    prior = CostModel({1: 1.0, 2: 1.6, 5: 3.3, 9: 7.0, 65: 27.0}, draft_per_token=0.3)
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    controller = make_controller(prior, NgramDrafter(max_n=2),
+                                 DraftModelDrafter(tiny(seed=1), target))  # right when honest
+    decoder = SpeculativeDecoder(target, k=16, controller=controller)
+    force_wrong_drafts(decoder)
+    out = _run(decoder, prompt, 120)
+    assert out.token_ids == plain_greedy(target, prompt, 120)
+    assert out.stats.accepted == 0
+    assert sum(out.stats.drafted_per_step[10:]) <= 3
+
+
+def test_sizes_the_prior_overprices_are_tried_and_then_used(target):
+    """The start-up curve priced long batches 2-4x too high (a busy machine at load
+    time); really they cost little. An always-right free drafter: longer cuts are
+    verified to measure their cost, and the drafts grow to the whole k."""
+    clock, prompt = Clock(), [2, 7, 1]
+    truth = prompt + plain_greedy(target, prompt, 400)
+    timed = TimedTarget(target, clock, lambda b: 1.0 + 0.05 * (b - 1))
+    prior = CostModel({1: 1.0, 2: 1.1, 4: 1.3, 8: 1.7, 16: 4.0, 32: 8.0, 64: 16.0})
+    drafter = OracleDrafter(truth, target.vocab_size, [63] * 400)
+    controller = Controller([Slot(drafter, LengthPolicy(CostModel(prior.verify)), False)],
+                            prior)
+    decoder = SpeculativeDecoder(timed, k=63, controller=controller, clock=clock)
+    out = _run(decoder, prompt, 360)
+    assert out.token_ids == truth[len(prompt):len(prompt) + 360]
+    assert max(out.stats.drafted_per_step) == 63
+    static = Controller([Slot(drafter, LengthPolicy(CostModel(prior.verify)), False)], prior,
+                        online=False)
+    out = _run(SpeculativeDecoder(timed, k=63, controller=static, clock=clock), prompt, 360)
+    assert max(out.stats.drafted_per_step) < 16  # believed the prior: never measured

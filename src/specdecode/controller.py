@@ -49,6 +49,7 @@ MIN_OBSERVATIONS = 3  # a median of fewer is not trusted over the prior
 HORIZON = 512  # passes after which an observation of a pass no longer counts
 PLAIN_EVERY = 64  # passes without a plain one after which a step is plain (to measure it)
 MEASURE_BELOW = 1.5  # ...unless the best draft is free and predicted to gain this much
+EXPLORE_WITHIN = 0.7  # a free draft is verified longer to measure a new size within this rate
 FIRST_PAUSE, PAUSE_GROWTH, MAX_PAUSE = 16, 4, 1024  # steps a non-paying drafter sits out
 
 
@@ -136,6 +137,10 @@ class OnlineCosts:
         fresh = self._count - HORIZON
         plain = [n for n, _ in self._passes.get((context_band(context_len), 0), ()) if n > fresh]
         return since >= PLAIN_EVERY or (len(plain) < MIN_OBSERVATIONS and since >= 2)
+
+    def observed(self, b: int, context_len: int) -> bool:
+        """Whether passes of b's bucket have been measured recently at this context band."""
+        return self._median_at(context_band(context_len), size_bucket(b)) is not None
 
     def _plain_at(self, band: int) -> float:
         """Implied plain-step seconds near `band`: plain passes of the nearest band that
@@ -265,8 +270,7 @@ class Controller:
                 slot.policy.resolve(context)
                 draft = propose(slot.drafter, context, k)
                 slot.policy.watch(len(context), draft.tokens.tolist())
-                length, rate = best_length(costs, slot.policy.acceptance(len(draft)),
-                                           len(draft), drafted=True)
+                length, rate = self._price_free(slot, draft, costs, len(context))
                 option = Plan(draft.truncate(length), slot, costs, 0, k)
             if length and rate > best_rate + 1e-9:
                 best, best_rate = option, rate
@@ -275,6 +279,26 @@ class Controller:
         if best.length:  # a costly drafter won: now pay for its draft
             best.draft = propose(best.slot.drafter, context, best.length)
         return best
+
+    def _price_free(self, slot: Slot, draft: Draft, costs: CostModel, context_len: int
+                    ) -> tuple[int, float]:
+        """(length, rate) to verify of a free draft. Where a longer cut would reach a
+        batch-size bucket not yet observed at this context and is predicted to keep
+        EXPLORE_WITHIN of the best rate, that longer cut is taken, so the costs of
+        long batches are measured instead of believed (the start-up curve can
+        overprice them, and a size never verified would never be corrected)."""
+        acceptance = slot.policy.acceptance(len(draft))
+        length, rate = best_length(costs, acceptance, len(draft), drafted=True)
+        longer = min(len(draft), 2 * length + 1)
+        if self.costs is None or not length or longer <= length or self.costs.observed(
+                longer + 1, context_len):
+            return length, rate
+        expected, survive = 1.0, 1.0
+        for a in acceptance[:longer]:
+            survive *= a
+            expected += survive
+        longer_rate = expected / costs.c(longer + 1)
+        return (longer, longer_rate) if longer_rate >= EXPLORE_WITHIN * rate else (length, rate)
 
     def _measure_plain(self, best: Plan, rate: float, context_len: int) -> bool:
         """Make this step plain to measure one, where that loses little: the best
