@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -77,12 +78,38 @@ def monotone(curve: dict[int, float]) -> dict[int, float]:
     return dict(sorted(out.items()))
 
 
+BUSY_CORES = 0.25  # other processes' CPU use during a measurement that disturbs it
+
+
+def _cpu_seconds() -> tuple[float, float, float] | None:
+    """(wall, CPU seconds busy on the whole machine, CPU seconds of this process), or
+    None where /proc/stat cannot be read."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    busy = (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")  # guest time is in user
+    own = os.times()
+    return time.monotonic(), busy, own.user + own.system
+
+
+def others_busy(before: tuple[float, float, float] | None) -> float:
+    """Average cores other processes kept busy since `before` (0 where unknown)."""
+    after = _cpu_seconds()
+    if before is None or after is None or after[0] <= before[0]:
+        return 0.0
+    return max(0.0, (after[1] - before[1]) - (after[2] - before[2])) / (after[0] - before[0])
+
+
 def measure_curve(model, context_ids: Sequence[int], sizes: Sequence[int],
                   rounds: int = 3) -> tuple[dict[int, float], bool]:
     """(c(b) in seconds, clean): medians of repeated passes; sizes that break
     monotonicity are measured again (up to `rounds` times), and a plain step is
-    measured again at the end. clean: neither check failed at the end (only a
-    clean curve may be cached); an unclean one is returned made monotone."""
+    measured again at the end. clean: no check failed at the end and other
+    processes kept less than BUSY_CORES busy meanwhile (only a clean curve may
+    be cached); an unclean one is returned made monotone."""
+    start = _cpu_seconds()
     curve = forward_cost_curve(model, context_ids, sizes)
     for _ in range(rounds):
         bad = disturbed_points(curve)
@@ -92,7 +119,7 @@ def measure_curve(model, context_ids: Sequence[int], sizes: Sequence[int],
     again = forward_cost_curve(model, context_ids, [1])[1]
     drift = abs(again / curve[1] - 1) > DRIFT_SLACK
     curve[1] = min(curve[1], again)
-    clean = not drift and not disturbed_points(curve)
+    clean = not drift and not disturbed_points(curve) and others_busy(start) < BUSY_CORES
     return (curve if clean else monotone(curve)), clean
 
 
