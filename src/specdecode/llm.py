@@ -331,8 +331,8 @@ def choose_backend(backend: str, path: Path, device: str) -> str:
         if not cpu:
             raise ValueError(f"the llama.cpp backend runs on cpu only, not {device}")
         if not llama_cpp.available():
-            raise ValueError("the llama.cpp backend needs llama-cpp-python: "
-                             "pip install 'specdecode[cpu]'")
+            raise ValueError("the llama.cpp backend is not built here: run "
+                             "`specdecode build-llama-cpp` (once, about 9 minutes)")
     return backend
 
 
