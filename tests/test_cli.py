@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import tempfile
 
 import pytest
+import torch
 
 import real
 
 
-def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def run(*args: str | bytes, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "specdecode.cli", *args],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, errors="replace", timeout=timeout)
 
 
 def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
@@ -37,9 +40,86 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
     (["generate", "--messages", "/no/such.json"], ["no such messages file"]),
     (["pull", "nothing-like-this"], ["unknown model 'nothing-like-this'"]),
     (["frobnicate"], ["invalid choice: 'frobnicate'"]),
+    # issue 15: each of these once gave a traceback, a kill or a wrong exit status
+    (["generate", "hi", "-m", "smollm2-135m", "-k", "1000000000"], ["at most 8190"]),
+    (["generate", "hi", "-m", "smollm2-135m", "--max-context", "1000000000"],
+     ["--max-context", "trained context"]),
+    (["generate", "hi", "--seed", str(2**70)], ["--seed", "2**64-1"]),
+    (["generate", "hi", "--seed", "-1"], ["--seed"]),
+    (["generate", "hi", "--draft-confidence", "nan"], ["--draft-confidence", "[0, 1]"]),
+    (["generate", "hi", "--draft-confidence", "1.5"], ["--draft-confidence"]),
+    (["generate", "hi", "--device", "nonsense"], ["--device"]),
+    (["generate", b"\xff\xfe bad bytes", "-m", "smollm2-135m"], ["not valid UTF-8"]),
 ])
 def test_bad_input_is_one_clean_line(args, needles):
     assert_clean_error(run(*args), *needles)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this torch has CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:99"])
+def test_cuda_without_cuda(device):
+    assert_clean_error(run("generate", "hi", "-m", "smollm2-135m", "--device", device),
+                       f"--device {device}", "no CUDA")
+
+
+@pytest.mark.parametrize("messages, needles", [
+    ([{"role": "user", "content": 5}], ["message 0 content", "got int"]),
+    ([{"role": "user", "content": {"text": "hi"}}], ["message 0 content", "got dict"]),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}],
+     ["content part 0", "only text parts"]),
+    ([{"role": "user", "content": [{"type": "text"}]}], ["content part 0"]),
+    ([{"role": 1, "content": "hi"}], ["message 0", "string 'role'"]),
+    (["hi"], ["message 0"]),
+])
+def test_bad_message_content(tmp_path, messages, needles):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(messages))
+    assert_clean_error(run("generate", "--messages", str(path), "-m", "smollm2-135m"), *needles)
+
+
+def test_prompt_and_messages_together(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps([{"role": "user", "content": "hi"}]))
+    assert_clean_error(run("generate", "hi", "--messages", str(path)), "not both")
+    path.write_bytes(b'[{"role": "user", "content": "\xff"}]')
+    assert_clean_error(run("generate", "--messages", str(path)), "not valid UTF-8")
+
+
+def test_truncated_gguf_on_torch(tmp_path):
+    whole = real.path("smollm2-135m").read_bytes()
+    for size in (100, 5_000_000, len(whole) - 1000):
+        cut = tmp_path / f"cut{size}.gguf"
+        cut.write_bytes(whole[:size])
+        proc = run("generate", "hi", "--target", str(cut), "--backend", "torch")
+        assert_clean_error(proc, str(cut))
+        assert "truncated" in proc.stderr
+
+
+def test_serve_on_a_port_in_use_fails_before_loading():
+    real.path("smollm2-135m")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = run("serve", "--target", "smollm2-135m", "--port", str(port), timeout=60)
+    assert_clean_error(proc, f"cannot listen on 127.0.0.1:{port}")
+    assert "serving" not in proc.stdout + proc.stderr
+
+
+def test_messages_with_text_parts_like_the_server():
+    """Text-part lists are joined as the server joins them: the same prompt ids."""
+    real.path("smollm2-135m")
+    outputs = []
+    for content in ("Say hi to Bob.", [{"type": "text", "text": "Say hi "},
+                                       {"type": "text", "text": "to Bob."}]):
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump([{"role": "user", "content": content}], f)
+        proc = run("generate", "--messages", f.name, "-m", "smollm2-135m", "--drafter",
+                   "none", "--max-tokens", "3", "--dtype", "float32", "--json")
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        outputs.append((out["prompt_tokens"], out["token_ids"]))
+    assert outputs[0] == outputs[1]
 
 
 def test_bad_messages_json(tmp_path):

@@ -42,6 +42,20 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seed(text: str) -> int:
+    value = int(text)
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"must be in 0..2**64-1, got {value}")
+    return value
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:  # also false for nan
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {text}")
+    return value
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", "--model", "-m", default="default",
                    help="registry name or path to a GGUF file / HF folder (default: default)")
@@ -61,7 +75,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-quant", choices=["auto", "int8", "none"], default="auto",
                    help="draft model weights: int8 halves the bytes per draft token "
                         "(auto: int8 on CPU); never changes the output")
-    p.add_argument("--draft-confidence", type=float, default=0.3,
+    p.add_argument("--draft-confidence", type=_probability, default=0.3,
                    help="stop a draft after a token the draft model gave less than this "
                         "probability (0 = always draft k)")
     p.add_argument("--ngram-max", type=_positive_int, default=None,
@@ -84,7 +98,7 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--max-tokens", "-n", type=int, default=256)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=_seed, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
 
@@ -190,25 +204,99 @@ def _params(args) -> SamplingParams:
 
 
 def _read_messages(path: Path) -> list[dict]:
+    """The messages of a JSON file as {role: str, content: str} dicts; content may
+    also be a list of text parts ({"type": "text", "text": ...}, joined, as the
+    server takes them). Anything else is a UserError naming the message."""
     if not path.is_file():
         raise UserError(f"no such messages file: {path}")
     try:
-        messages = json.loads(path.read_text())
+        messages = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is not valid UTF-8: {e.reason} at byte {e.start}") from None
     except json.JSONDecodeError as e:
         raise UserError(f"{path} is not valid JSON: {e}") from None
     if isinstance(messages, dict) and "messages" in messages:
         messages = messages["messages"]
     if not isinstance(messages, list) or not messages:
         raise UserError(f"{path} must hold a non-empty list of {{role, content}} messages")
-    return messages
+    return [_message(m, i) for i, m in enumerate(messages)]
+
+
+def _message(m: object, i: int) -> dict:
+    """One message with string role and content (text parts joined)."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+        raise UserError(f"message {i} must be an object with a string 'role' and a 'content'")
+    content = m["content"]
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise UserError(f"message {i} content part {j}: only text parts "
+                                "({\"type\": \"text\", \"text\": ...}) are supported")
+        content = "".join(part["text"] for part in content)
+    if not isinstance(content, str):
+        raise UserError(f"message {i} content must be a string or a list of text parts, "
+                        f"got {type(content).__name__}")
+    return {**m, "content": content}
+
+
+def _check_prompt(args) -> None:
+    """A PROMPT or --messages, not both; the prompt must be valid UTF-8 text."""
+    if args.prompt is None and args.messages is None:
+        raise UserError("give a PROMPT or --messages FILE")
+    if args.prompt is not None and args.messages is not None:
+        raise UserError("give a PROMPT or --messages FILE, not both")
+    if args.prompt is not None:
+        try:
+            args.prompt.encode("utf-8")
+        except UnicodeEncodeError:  # argv bytes that were not UTF-8 (surrogate escapes)
+            raise UserError("the prompt is not valid UTF-8 text") from None
+
+
+def check_device(device: str) -> None:
+    """A device this torch can use, checked before any model is loaded."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise UserError(f"--device: unknown device '{device}' (cpu, cuda, cuda:N)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {device}: this torch has no CUDA device "
+                            f"(torch {torch.__version__}); use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UserError(f"--device {device}: only {torch.cuda.device_count()} CUDA "
+                            "device(s) here")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"--device {device}: MPS is not available here")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise UserError(f"--device {device}: not supported (cpu, cuda, cuda:N)")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Bind (host, port) once, as the server will, before the model is loaded."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise UserError(f"--host {host}: {e.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            sock.bind(address)
+        except OSError as e:
+            raise UserError(f"cannot listen on {host}:{port}: {e.strerror}") from None
 
 
 def cmd_generate(args) -> int:
     from specdecode.llm import LLM
 
     params = _params(args)  # validate before loading anything
-    if args.prompt is None and args.messages is None:
-        raise UserError("give a PROMPT or --messages FILE")
+    _check_prompt(args)
+    check_device(args.device)
     messages = _read_messages(args.messages) if args.messages else None
     llm = LLM.load(args.target, draft_model=args.draft_model, drafter=args.drafter,
                    k=args.num_speculative_tokens, dtype=args.dtype, device=args.device,
@@ -275,6 +363,8 @@ def cmd_serve(args) -> int:
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be in 0..65535, got {args.port}")
+    check_device(args.device)
+    check_port_free(args.host, args.port)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"specdecode: warning: serving on {args.host} without --api-key",
               file=sys.stderr)
