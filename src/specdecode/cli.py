@@ -87,7 +87,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    help="KV cache size in tokens (default: min(model context, 8192))")
     p.add_argument("--backend", choices=["auto", "torch", "llama.cpp"], default=None,
                    help="llama.cpp: GGUF files on CPU with their own quantised weights "
-                        "(pip install 'specdecode[cpu]'); torch: the PyTorch model, any "
+                        "(specdecode build-llama-cpp); torch: the PyTorch model, any "
                         "device, --dtype applies; auto: llama.cpp for GGUF on CPU when "
                         "installed, else torch (default: $SPECDECODE_BACKEND, else auto)")
 
@@ -126,7 +126,8 @@ def build_parser() -> Parser:
     p = sub.add_parser("demo", help="pull the default pair and run a chat prompt vs plain")
     p.add_argument("--max-tokens", "-n", type=_positive_int, default=128)
     p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16")
-    p.add_argument("-k", "--num-speculative-tokens", type=_non_negative_int, default=8)
+    p.add_argument("-k", "--num-speculative-tokens", type=_non_negative_int, default=None,
+                   help="draft tokens per step at most (default: the backend's default)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("serve", help="OpenAI- and Anthropic-compatible HTTP server")
@@ -316,15 +317,24 @@ def cmd_demo(args) -> int:
     llm = LLM.load("default", k=args.num_speculative_tokens, dtype=args.dtype)
     prompt_ids = llm.encode(DEMO_PROMPT, chat=True)
     if not args.json:
+        print(f"backend: {backend_note(llm.info.backend)}", file=sys.stderr)
         print(f"prompt: {DEMO_PROMPT}\n", file=sys.stderr)
     params = SamplingParams(max_tokens=args.max_tokens)
     return run_and_report(llm, prompt_ids, params, 0, compare_plain=True, as_json=args.json)
 
 
+def backend_note(backend: str) -> str:
+    """Which backend runs the models, and whether a faster one could."""
+    if backend == "llama.cpp":
+        return "llama.cpp (the GGUF's own quantised weights; the fastest backend here)"
+    return (f"{backend} (llama.cpp is not installed: `specdecode build-llama-cpp` builds it, "
+            "about 3x faster on a CPU)")
+
+
 def run_and_report(llm, prompt_ids, params, seed, compare_plain: bool, as_json: bool) -> int:
     from specdecode.report import print_report, result_dict
 
-    speculative = llm.drafter is not None and llm.k > 0
+    speculative = llm.speculative
     if as_json:
         result = llm.generate(prompt_ids, params, seed, speculative=speculative)
     else:

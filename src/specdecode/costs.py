@@ -170,7 +170,8 @@ def cached_costs(
     controller's prior (controller.py).
     """
     path = costs_dir() / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
-    sizes = default_sizes(min(max_k, target.max_seq_len - context_len - 1))  # fit the cache
+    context_len = min(context_len, target.max_seq_len // 2)  # a small context: half of it
+    sizes = default_sizes(max(1, min(max_k, target.max_seq_len - context_len - 1)))  # fits
     if path.is_file() and not refresh:
         with contextlib.suppress(ValueError, KeyError, OSError):
             saved = json.loads(path.read_text())
