@@ -49,6 +49,7 @@ MIN_OBSERVATIONS = 3  # a median of fewer is not trusted over the prior
 HORIZON = 512  # passes after which an observation of a pass no longer counts
 PLAIN_EVERY = 64  # passes without a plain one after which a step is plain (to measure it)
 MEASURE_BELOW = 1.5  # ...unless the best draft is free and predicted to gain this much
+REFRESH = 4  # observations after which the cost model is rebuilt
 EXPLORE_WITHIN = 0.7  # a free draft is verified longer to measure a new size within this rate
 FIRST_PAUSE, PAUSE_GROWTH, MAX_PAUSE = 16, 4, 1024  # steps a non-paying drafter sits out
 
@@ -96,12 +97,15 @@ class OnlineCosts:
         self._passes: dict[tuple[int, int], deque] = {}  # -> (pass number, implied seconds)
         self._draft: deque = deque(maxlen=self.WINDOW)  # seconds per draft token
         self._catchup: deque = deque(maxlen=self.WINDOW)  # seconds per caught-up token
+        self._seen = 0  # observations of any kind so far
+        self._model: tuple[int, int, CostModel] | None = None  # (band, _seen, model) cached
 
     def observe_pass(self, b: int, seconds: float, context_len: int) -> None:
         """A target pass over b new tokens after context_len cached ones took `seconds`."""
         key = (context_band(context_len), size_bucket(b))
         window = self._passes.setdefault(key, deque(maxlen=self.WINDOW))
         self._count += 1
+        self._seen += 1
         if b == 1:
             self._last_plain = self._count
         window.append((self._count, seconds / self.prior.c(b)))
@@ -110,11 +114,13 @@ class OnlineCosts:
         """`tokens` one-token forwards of the draft model took `seconds` in all."""
         if tokens > 0:
             self._draft.append(seconds / tokens)
+            self._seen += 1
 
     def observe_catchup(self, tokens: int, seconds: float) -> None:
         """The draft model fed `tokens` extra context tokens (beyond one) in `seconds`."""
         if tokens > 0:
             self._catchup.append(seconds / tokens)
+            self._seen += 1
 
     def _median_at(self, band: int, bucket: int) -> float | None:
         """Median implied plain-step seconds of the recent passes of (band, bucket)."""
@@ -163,9 +169,24 @@ class OnlineCosts:
         return self._median_at(band, nearest) / self._plain_at(band)
 
     def model(self, context_len: int) -> CostModel:
-        """The cost model to decide with now, in plain steps (c(1) = 1)."""
+        """The cost model to decide with now, in plain steps (c(1) = 1); rebuilt after
+        REFRESH new observations or in another context band (building it takes ~1 ms,
+        over 1 % of a plain step here)."""
+        key = context_band(context_len)
+        if self._model is None or self._model[0] != key or self._seen - self._model[1] >= (
+                REFRESH):
+            self._model = (key, self._seen, self._build(context_len))
+        return self._model[2]
+
+    def _build(self, context_len: int) -> CostModel:
         prior, plain = self.prior, self.plain_seconds(context_len)
-        curve = {b: prior.c(b) * self.ratio(b, context_len) for b in prior.verify}
+        ratios: dict[int, float] = {}  # per bucket: its sizes share one ratio
+        curve = {}
+        for b in prior.verify:
+            bucket = size_bucket(b)
+            if bucket not in ratios:
+                ratios[bucket] = self.ratio(b, context_len)
+            curve[b] = prior.c(b) * ratios[bucket]
         draft, catchup = _median(self._draft), _median(self._catchup)
         return CostModel(
             curve, prior.draft_per_token if draft is None else draft / plain,

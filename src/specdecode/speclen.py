@@ -70,7 +70,14 @@ class CostModel:
         return cls({1: 1.0, 2: 1.0})
 
     def c(self, b: int) -> float:
-        """Cost of one target pass over b tokens, in plain steps."""
+        """Cost of one target pass over b tokens, in plain steps (memoised: the decision
+        of every step asks for dozens of sizes)."""
+        table = self.__dict__.setdefault("_table", {})
+        if b not in table:
+            table[b] = self._interpolate(b)
+        return table[b]
+
+    def _interpolate(self, b: int) -> float:
         sizes = list(self.verify)
         if b in self.verify:
             return self.verify[b]
