@@ -21,7 +21,7 @@ CHAT = [{"role": "user", "content": "List three colors, one per line."}]
 PROMPT = "def add(a, b):\n"
 GREEDY = {"temperature": 0}  # recent anthropic SDKs no longer take sampling arguments
 SPEC_FIELDS = {"drafter", "k", "steps", "drafted", "accepted", "acceptance_rate",
-               "mean_accepted_length", "tokens_per_second"}
+               "mean_accepted_length", "tokens_per_second", "drafter_steps"}
 
 
 @pytest.fixture(scope="module")

@@ -65,16 +65,19 @@ class SpeculativeDecoder:
     """Lossless speculative decoding of `target` with proposals from `drafter`.
 
     Greedy (temperature 0) output is token-for-token the target's own greedy
-    output; sampled output has the target's distribution (exact rejection
-    sampling). k is the number of draft tokens per step; k = 0 or no drafter is
-    plain decoding. With a `controller` (controller.py) each step's drafter and
-    draft length come from observed costs and acceptance (it may choose a plain
-    step); `length_policy` is the shorthand for a controller of `drafter` alone
-    that decides with the policy's fixed costs. Without either, always k draft
-    tokens (fewer only when the drafter has fewer). With a seed, a sample is
-    the same with speculation on or off when the drafter gives no q (n-gram
-    lookup): every target token is drawn with its position's uniform number
-    (verify.match_sample); `rejection_sampler` verifies drafts that carry q.
+    output wherever the target's (k + 1)-token pass gives the logits its
+    one-token pass gives (float32 torch; bf16 and llama.cpp batches can round
+    differently and part at near-ties: README "Exactness"); sampled output has
+    the target's distribution (exact rejection sampling). k is the number of
+    draft tokens per step; k = 0 or no drafter is plain decoding. With a
+    `controller` (controller.py) each step's drafter and draft length come from
+    observed costs and acceptance (it may choose a plain step); `length_policy`
+    is the shorthand for a controller of `drafter` alone that decides with the
+    policy's fixed costs. Without either, always k draft tokens (fewer only when
+    the drafter has fewer). With a seed, a sample is the same with speculation
+    on or off when the drafter gives no q (n-gram lookup): every target token is
+    drawn with its position's uniform number (verify.match_sample);
+    `rejection_sampler` verifies drafts that carry q.
     """
 
     def __init__(

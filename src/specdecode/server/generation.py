@@ -144,6 +144,7 @@ def speculative_usage(stats: SpecStats | None, ctx: ServerContext) -> dict:
         "acceptance_rate": round(stats.acceptance_rate, 4),
         "mean_accepted_length": round(stats.mean_accepted_length, 4),
         "tokens_per_second": round(stats.tokens_per_second, 2),
+        "drafter_steps": dict(stats.drafter_steps),
     }
 
 
