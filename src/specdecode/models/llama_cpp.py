@@ -17,7 +17,7 @@ Exactness: llama.cpp computes a k-token batch with other kernels than a
 1-token step (and quantises activations), so batched logits can differ from
 one-token logits in the last bits; greedy output can then differ from plain
 decoding at a near-tie. llama.cpp's stderr logging is silenced unless
-SPECDECODE_DEBUG is set. Needs `pip install 'specdecode[cpu]'` (llama-cpp-python).
+SPECDECODE_DEBUG is set. Needs `specdecode build-llama-cpp` (the library and bindings).
 
 Libraries: when `specdecode build-llama-cpp` has built llama.cpp for this CPU
 into the cache (AVX-512 without AMX, see llama_cpp_build.py), those are loaded
