@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from specdecode.drafters.base import Draft, Drafter
-from specdecode.speclen import CostModel, LengthPolicy, best_length
+from specdecode.speclen import CostModel, LengthPolicy, best_length, rate_at
 
 ProposeFn = Callable[[Drafter, list[int], int], Draft]
 """(drafter, context, k) -> the drafter's draft of at most k tokens (stops applied)."""
@@ -127,12 +127,15 @@ class OnlineCosts:
         fresh = self._count - HORIZON
         return _median([v for n, v in self._passes.get((band, bucket), ()) if n > fresh])
 
+    def _nearest_band(self, band: int, bucket: int) -> int | None:
+        """The band nearest to `band` with enough recent passes of `bucket` (None: none)."""
+        bands = [x for x, j in self._passes if j == bucket and self._median_at(x, j)]
+        return min(bands, key=lambda x: (abs(x - band), x)) if bands else None
+
     def _nearest(self, band: int, bucket: int) -> float | None:
         """The median of `bucket` in the band nearest to `band` that has enough of it."""
-        bands = [x for x, j in self._passes if j == bucket and self._median_at(x, j)]
-        if not bands:
-            return None
-        return self._median_at(min(bands, key=lambda x: (abs(x - band), x)), bucket)
+        near = self._nearest_band(band, bucket)
+        return None if near is None else self._median_at(near, bucket)
 
     def needs_plain(self, context_len: int) -> bool:
         """Whether a plain pass should be measured now: the band of this context has
@@ -164,8 +167,7 @@ class OnlineCosts:
         if bucket == 0 or not observed:
             return 1.0
         nearest = min(observed, key=lambda j: (abs(j - bucket), -j))
-        bands = [x for x, j in self._passes if j == nearest and self._median_at(x, j)]
-        band = min(bands, key=lambda x: (abs(x - context_band(context_len)), x))
+        band = self._nearest_band(context_band(context_len), nearest)
         return self._median_at(band, nearest) / self._plain_at(band)
 
     def model(self, context_len: int) -> CostModel:
@@ -314,11 +316,7 @@ class Controller:
         if self.costs is None or not length or longer <= length or self.costs.observed(
                 longer + 1, context_len):
             return length, rate
-        expected, survive = 1.0, 1.0
-        for a in acceptance[:longer]:
-            survive *= a
-            expected += survive
-        longer_rate = expected / costs.c(longer + 1)
+        longer_rate = rate_at(costs, acceptance, longer, drafted=True)
         return (longer, longer_rate) if longer_rate >= EXPLORE_WITHIN * rate else (length, rate)
 
     def _measure_plain(self, best: Plan, rate: float, context_len: int) -> bool:

@@ -111,6 +111,20 @@ def best_length(
     return best, best_rate
 
 
+def rate_at(costs: CostModel, acceptance: list[float], length: int, *,
+            drafted: bool = False, overhead: float = 0.0) -> float:
+    """Expected tokens per plain-step cost of verifying exactly `length` draft tokens
+    (the rate `best_length` maximises over lengths)."""
+    if length == 0:
+        return 1.0 / costs.c(1)
+    expected, survive = 1.0, 1.0
+    for j in range(length):
+        survive *= acceptance[j] if j < len(acceptance) else 0.0
+        expected += survive
+    per_draft = 0.0 if drafted else costs.draft_per_token
+    return expected / (costs.c(length + 1) + length * per_draft + overhead)
+
+
 @dataclass
 class LengthPolicy:
     """Chooses each step's draft length from the cost model and the acceptance it sees.
