@@ -287,3 +287,58 @@ def test_sizes_the_prior_overprices_are_tried_and_then_used(target):
                         online=False)
     out = _run(SpeculativeDecoder(timed, k=63, controller=static, clock=clock), prompt, 360)
     assert max(out.stats.drafted_per_step) < 16  # believed the prior: never measured
+
+
+class TwoKinds(OracleDrafter):
+    """Free drafts of two kinds: kind 1 (odd steps) always wrong, kind 4 (even steps)
+    always right (as 1-token n-gram matches in chat and 4-token ones in code)."""
+
+    name = "lookup"
+
+    def propose(self, context, k):
+        self.step += 1
+        right = self.truth[len(context):len(context) + k]
+        if self.step % 2:
+            return Draft(torch.tensor([(t + 1) % self.vocab_size for t in right]), kind=1)
+        return Draft(torch.tensor(right), kind=4)
+
+
+def _kinds_run(target, clock, controller, prompt, truth, n):
+    timed = TimedTarget(target, clock, lambda b: 1.0 + 0.5 * (b - 1))
+    decoder = SpeculativeDecoder(timed, k=4, controller=controller, clock=clock)
+    out = _run(decoder, prompt, n)
+    assert out.token_ids == truth[len(prompt):len(prompt) + n]
+    return out
+
+
+def test_acceptance_is_estimated_per_kind_of_draft(target):
+    """Wrong kind-1 drafts stop being verified, right kind-4 drafts keep being verified
+    in the same request; one estimate for both (all kind 0) verifies the wrong ones
+    longer or the right ones less."""
+    prompt = [6, 1, 8]
+    truth = prompt + plain_greedy(target, prompt, 200)
+    prior = CostModel({1: 1.0, 2: 1.5, 5: 3.0})
+    slot = Slot(TwoKinds(truth, target.vocab_size), LengthPolicy(prior), costly=False)
+    out = _kinds_run(target, Clock(), Controller([slot], prior, online=False), prompt, truth,
+                     120)
+    late = out.stats.drafted_per_step[10:]
+    assert sum(late) > 0 and out.stats.drafted - out.stats.accepted <= 6
+    assert slot.policy_for(1).acceptance(1)[0] < 0.2 < 0.8 < slot.policy_for(4).acceptance(1)[0]
+
+
+def test_a_junk_kind_starts_the_next_request_pessimistic_a_good_one_at_the_prior(target):
+    """Across requests only the pessimistic direction is carried, at the prior's weak
+    strength: the junk kind's first draft of the next request is not verified; the
+    good kind starts at the prior (0.9), not at its near-1.0 estimate."""
+    prompt = [6, 1, 8]
+    truth = prompt + plain_greedy(target, prompt, 200)
+    prior = CostModel({1: 1.0, 2: 1.5, 5: 3.0})
+    slot = Slot(TwoKinds(truth, target.vocab_size), LengthPolicy(prior), costly=False)
+    controller = Controller([slot], prior, online=False)
+    _kinds_run(target, Clock(), controller, prompt, truth, 60)
+    controller.begin()
+    junk, good = slot.policy_for(1).acceptance(2), slot.policy_for(4).acceptance(2)
+    assert junk[0] < 0.3 and good == [0.9, 0.9]  # (junk drafts never reach position 2)
+    out = _kinds_run(target, Clock(), controller, prompt, truth, 60)
+    assert out.stats.drafted_per_step[0] == 0  # the first (kind-1) draft: not verified
+    assert slot.policy.carry_over is False  # kind 0 (one kind only) is not carried

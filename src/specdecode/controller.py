@@ -211,10 +211,26 @@ class Slot:
     paused: int = 0  # steps left before the next probe
     probing: bool = True  # a costly slot's next draft is a one-token probe
     recent: deque = field(default_factory=lambda: deque(maxlen=3))
+    kinds: dict[int, LengthPolicy] = field(default_factory=dict)  # kind > 0 -> its policy
 
     @property
     def name(self) -> str:
         return getattr(self.drafter, "name", type(self.drafter).__name__)
+
+    def policy_for(self, kind: int) -> LengthPolicy:
+        """The acceptance estimates of one kind of draft (Draft.kind): kind 0 is
+        `policy`; others start as copies of its settings, carrying over
+        pessimistic estimates across requests (LengthPolicy.carry_over)."""
+        if kind == 0:
+            return self.policy
+        if kind not in self.kinds:
+            p = self.policy
+            self.kinds[kind] = LengthPolicy(p.costs, p.prior, p.decay, p.pool_from,
+                                            carry_over=True)
+        return self.kinds[kind]
+
+    def policies(self) -> list[LengthPolicy]:
+        return [self.policy, *self.kinds.values()]
 
     def pause(self) -> None:
         """Sit out FIRST_PAUSE steps, PAUSE_GROWTH times longer at each pause in a row."""
@@ -273,7 +289,8 @@ class Controller:
         """A new request: acceptance estimates back to their priors; learnt costs and
         pauses stay (they are about the machine and the pair, not the request)."""
         for slot in self.slots:
-            slot.policy.begin()
+            for policy in slot.policies():
+                policy.begin()
 
     def cost_model(self, context_len: int) -> CostModel:
         return self.prior if self.costs is None else self.costs.model(context_len)
@@ -290,10 +307,13 @@ class Controller:
                 length, rate = self._price_costly(slot, context, k, costs)
                 option = Plan(Draft.empty(), slot, costs, length, k)
             else:
-                slot.policy.resolve(context)
+                for policy in slot.policies():
+                    policy.resolve(context)
                 draft = propose(slot.drafter, context, k)
-                slot.policy.watch(len(context), draft.tokens.tolist())
-                length, rate = self._price_free(slot, draft, costs, len(context))
+                policy = slot.policy_for(draft.kind)
+                policy.costs = costs
+                policy.watch(len(context), draft.tokens.tolist())
+                length, rate = self._price_free(policy, draft, costs, len(context))
                 option = Plan(draft.truncate(length), slot, costs, 0, k)
             if length and rate > best_rate + 1e-9:
                 best, best_rate = option, rate
@@ -303,14 +323,14 @@ class Controller:
             best.draft = propose(best.slot.drafter, context, best.length)
         return best
 
-    def _price_free(self, slot: Slot, draft: Draft, costs: CostModel, context_len: int
-                    ) -> tuple[int, float]:
+    def _price_free(self, policy: LengthPolicy, draft: Draft, costs: CostModel,
+                    context_len: int) -> tuple[int, float]:
         """(length, rate) to verify of a free draft. Where a longer cut would reach a
         batch-size bucket not yet observed at this context and is predicted to keep
         EXPLORE_WITHIN of the best rate, that longer cut is taken, so the costs of
         long batches are measured instead of believed (the start-up curve can
         overprice them, and a size never verified would never be corrected)."""
-        acceptance = slot.policy.acceptance(len(draft))
+        acceptance = policy.acceptance(len(draft))
         length, rate = best_length(costs, acceptance, len(draft), drafted=True)
         longer = min(len(draft), 2 * length + 1)
         if self.costs is None or not length or longer <= length or self.costs.observed(

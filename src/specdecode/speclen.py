@@ -137,12 +137,15 @@ class LengthPolicy:
     pool_from: positions from this one on share one estimate (the chance that a
         draft that has been right so far stays right): drafts of 64 tokens are
         judged after a few steps, not after 64 observations of position 64.
+    carry_over: a new request starts from the last request's estimates where they
+        are below the prior's, at the prior's weak strength (`begin`).
     """
 
     costs: CostModel
     prior: tuple[float, float] = (1.8, 2.0)
     decay: float = 0.95
     pool_from: int = 2
+    carry_over: bool = False
     _accepted: list[float] = field(default_factory=list)
     _tried: list[float] = field(default_factory=list)
     _watched: list[list] = field(default_factory=list)  # [start, tokens, judged]
@@ -156,9 +159,17 @@ class LengthPolicy:
         """A new request: estimates back to the prior, nothing watched. Requests
         differ (an editing request copies, the next one may not): carried over,
         a copy's pooled estimate (hundreds of decayed observations near 1.0) kept
-        drafting ~5 tokens a step at 4 % acceptance on a random prompt (0.58x)."""
-        self._accepted = [self.prior[0]] * self.pool_from
-        self._tried = [self.prior[1]] * self.pool_from
+        drafting ~5 tokens a step at 4 % acceptance on a random prompt (0.58x).
+        With carry_over only the pessimistic direction is carried, and weakly:
+        each estimate starts at min(prior, last estimate) with the prior's two
+        observations, so a kind of free draft that was junk (1-token n-gram
+        matches in chat) is not verified again at 90 % by every request, and
+        one that pays is back at the prior after a step or two of hindsight."""
+        mean, weight = self.prior[0] / self.prior[1], self.prior[1]
+        last = self.acceptance(self.pool_from) if self.carry_over and self._tried else []
+        means = [min(mean, a) for a in last] or [mean] * self.pool_from
+        self._accepted = [m * weight for m in means]
+        self._tried = [weight] * self.pool_from
         self._watched = []
 
     def acceptance(self, k: int) -> list[float]:

@@ -49,7 +49,7 @@ class WrongDrafts:
 
     def propose(self, context: list[int], k: int) -> Draft:
         draft = self.inner.propose(context, k)
-        return Draft((draft.tokens + 1) % self.vocab_size, draft.q)  # tokens: [k] int64
+        return Draft((draft.tokens + 1) % self.vocab_size, draft.q, draft.kind)  # tokens: [k] int64
 
     def observe(self, num_accepted: int) -> None:
         self.inner.observe(num_accepted)

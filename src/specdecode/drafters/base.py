@@ -24,16 +24,19 @@ class Draft:
     tokens: [k] int64.
     q: [k, vocab_size] float32, row i the distribution tokens[i] was sampled
        from; None means a point mass on each token (exact all the same).
+    kind: which kind of proposal this is, for acceptance estimated per kind
+       (n-gram lookup: the length of the matched n-gram; 0: one kind only).
     """
 
     tokens: torch.Tensor
     q: torch.Tensor | None = None
+    kind: int = 0
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
     def truncate(self, n: int) -> Draft:
-        return Draft(self.tokens[:n], None if self.q is None else self.q[:n])
+        return Draft(self.tokens[:n], None if self.q is None else self.q[:n], self.kind)
 
     @staticmethod
     def empty() -> Draft:
