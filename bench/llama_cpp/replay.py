@@ -1,4 +1,4 @@
-"""Replay n-gram speculation on recorded outputs: our length policy vs llama.cpp's ngram-mod rule.
+"""Replay n-gram speculation on recorded outputs: our shipped control vs llama.cpp's ngram-mod rule.
 
     python bench/llama_cpp/replay.py bench/results/llama-cpp.json
 
@@ -9,8 +9,9 @@ what was sampled: a sample that restates the prompt's function speeds up 2x,
 one that does not, not at all. This script takes the texts out of the
 comparison: it runs every recorded output (each configuration's, each prompt,
 seed and temperature) through the real engine twice, once with specdecode's
-adaptive n-gram drafting (the drafter, k and length policy `LLM.load` builds
-on this backend) and once with llama.cpp's ngram-mod rule (a 24-token match,
+shipped n-gram control (the n-gram slot of `llm.make_controller`, deciding on
+the run's curve alone, estimates carried from text to text in the recorded
+order) and once with llama.cpp's ngram-mod rule (a 24-token match,
 drafts of 48 to 64 tokens, otherwise none: common/speculative.cpp), against
 a target that emits the recorded text, and prices each verification pass with
 the cost curve c(b) measured in that run.
@@ -35,9 +36,11 @@ from pathlib import Path
 import torch
 
 from specdecode.bench import workloads
+from specdecode.controller import Controller
 from specdecode.drafters import NgramDrafter
 from specdecode.drafters.base import Draft
 from specdecode.engine import SpeculativeDecoder
+from specdecode.llm import make_controller
 from specdecode.models import loading, registry
 from specdecode.models.base import ForwardOutput
 from specdecode.sampling import SamplingParams
@@ -121,13 +124,24 @@ class NgramModRule:
         pass
 
 
+def shipped_controller(curve: CostModel, ngram_max: int) -> Controller:
+    """The n-gram side of the shipped default (llm.make_controller), deciding on the
+    run's curve alone (online=False: a replay has no clock): per-kind acceptance,
+    exploration off, estimates carried between the texts replayed in order."""
+    slots = make_controller(curve, NgramDrafter(max_n=ngram_max), None).slots
+    return Controller(slots, curve, online=False)
+
+
 def predicted_speedup(prompt: list[int], output: list[int], drafter, costs: CostModel | None,
-                      curve: CostModel, k: int, vocab: int, eos: tuple[int, ...]) -> float:
+                      curve: CostModel, k: int, vocab: int, eos: tuple[int, ...],
+                      controller: Controller | None = None) -> float:
     """Tokens per plain-step cost when `drafter` (with a length policy if costs is
-    given) speculates on a target that emits `output` after `prompt`."""
+    given; or the `controller`'s drafters) speculates on a target that emits
+    `output` after `prompt`."""
     target = RecordedLM(prompt + output, vocab, eos)
     policy = LengthPolicy(costs) if costs is not None else None
-    decoder = SpeculativeDecoder(target, drafter, k, length_policy=policy)
+    decoder = (SpeculativeDecoder(target, k=k, controller=controller) if controller else
+               SpeculativeDecoder(target, drafter, k, length_policy=policy))
     params = SamplingParams(temperature=0.0, max_tokens=len(output), ignore_eos=True)
     result = decoder.generate(prompt, params)
     assert result.token_ids == output, "the replay must reproduce the recorded text"
@@ -136,7 +150,7 @@ def predicted_speedup(prompt: list[int], output: list[int], drafter, costs: Cost
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("results", help="a compare.py json")
+    ap.add_argument("results", help="a compare.py (or bench/never_slower.py) json")
     ap.add_argument("--k", type=int, default=64, help="specdecode's draft cap (LLM.load's)")
     ap.add_argument("--ngram-max", type=int, default=8, help="LLM.load's adaptive default")
     args = ap.parse_args()
@@ -145,25 +159,26 @@ def main() -> int:
     curve = CostModel({int(b): c for b, c in data["meta"]["costs"]["c"].items()})
     target = registry.resolve(registry.PAIRS["default"][0])
     tok = loading.load_tokenizer(target)
-    prompts = {p.name: p for p in workloads.humaneval(99) + workloads.code_edit(99)
-               + workloads.random(99)}
+    prompts = {p.name: p for w in dict.fromkeys(r["workload"] for r in data["runs"])
+               for p in workloads.load(w, 99)}
     vocab = max(tok.vocab_size, *(max(r["tokens"], default=0) + 1 for r in data["runs"]),
                 *(max(p.ids(tok)) + 1 for p in prompts.values()))
     eos = tuple(tok.eos_token_ids) or (vocab - 1,)
     texts: dict[tuple, list] = {}  # (workload, T, prompt, text) -> configs that sampled it
     for r in data["runs"]:
-        key = (r["workload"], r["temperature"], r["prompt"], tuple(r["tokens"]))
-        texts.setdefault(key, []).append(r["config"])
+        key = (r["workload"], r.get("temperature", 0), r["prompt"], tuple(r["tokens"]))
+        texts.setdefault(key, []).append(r.get("config") or r["mode"])
+    controller = shipped_controller(CostModel(curve.verify, 0.0), args.ngram_max)
     rows: dict[tuple, list] = {}
     for (workload, temp, name, text), configs in texts.items():
         prompt = prompts[name].ids(tok)
-        ours = predicted_speedup(prompt, list(text), NgramDrafter(max_n=args.ngram_max),
-                                 CostModel(curve.verify, 0.0), curve, args.k, vocab, eos)
+        ours = predicted_speedup(prompt, list(text), None, None, curve, args.k, vocab, eos,
+                                 controller)
         mod = predicted_speedup(prompt, list(text), NgramModRule(), None, curve, 64, vocab, eos)
         rows.setdefault((workload, temp), []).append((ours, mod))
         print(f"{name:20} T={temp:<4} {len(text):4} tokens  specdecode {ours:5.2f}x  "
               f"ngram-mod {mod:5.2f}x  (sampled by {', '.join(configs)})", file=sys.stderr)
-    print("| workload | T | texts | specdecode adaptive n-gram | llama.cpp ngram-mod rule | "
+    print("| workload | T | texts | specdecode shipped n-gram control | llama.cpp ngram-mod rule | "
           "texts where ours is ahead |\n|---|---|---|---|---|---|")
     for (workload, temp), pairs in rows.items():
         ours, mod = zip(*pairs, strict=True)
