@@ -40,7 +40,7 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
     (["generate", "--messages", "/no/such.json"], ["no such messages file"]),
     (["pull", "nothing-like-this"], ["unknown model 'nothing-like-this'"]),
     (["frobnicate"], ["invalid choice: 'frobnicate'"]),
-    # issue 15: each of these once gave a traceback, a kill or a wrong exit status
+    # each of these once gave a traceback, a kill or a wrong exit status
     (["generate", "hi", "-m", "smollm2-135m", "-k", "1000000000"], ["at most 8190"]),
     (["generate", "hi", "-m", "smollm2-135m", "--max-context", "1000000000"],
      ["--max-context", "trained context"]),

@@ -8,7 +8,7 @@ from conftest import OracleDrafter, plain_greedy, tiny
 from specdecode import DraftModelDrafter, NgramDrafter, SamplingParams, SpeculativeDecoder
 from specdecode.speclen import CostModel, LengthPolicy, best_length
 
-# llama.cpp's CPU curve quoted in issue 6 (ms): up to b = 8 a batch costs almost b steps.
+# llama.cpp's CPU curve as measured on a 2-core CPU (ms): up to b = 8 a batch costs almost b steps.
 LLAMA_CPP = CostModel({1: 35, 2: 65, 3: 83, 4: 106, 8: 221, 16: 253, 32: 452})
 
 

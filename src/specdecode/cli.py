@@ -56,40 +56,79 @@ def _probability(text: str) -> float:
     return value
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", "--model", "-m", default="default",
-                   help="registry name or path to a GGUF file / HF folder (default: default)")
-    p.add_argument("--draft-model", "-md", default=None,
-                   help="draft model: registry name or path (default: the pair's draft)")
-    p.add_argument("--drafter", choices=["auto", "draft-model", "ngram", "none"], default=None,
-                   help="how drafts are proposed (default: draft-model if a draft model is "
-                        "known, else none; auto with --adaptive, the llama.cpp default: the "
-                        "draft model if the measured costs say it can pay, else n-gram)")
-    p.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=None,
-                   help="draft each step only as many tokens as pay for their verification, "
-                        "from the target's measured cost curve (default: on for llama.cpp)")
-    p.add_argument("-k", "--num-speculative-tokens", type=_non_negative_int, default=None,
-                   help="draft tokens per step (0 = plain decoding; default 8 for a draft "
-                        "model, 16 for n-gram, 64 for n-gram with --adaptive: the most it "
-                        "may draft)")
-    p.add_argument("--draft-quant", choices=["auto", "int8", "none"], default="auto",
-                   help="draft model weights: int8 halves the bytes per draft token "
-                        "(auto: int8 on CPU); never changes the output")
-    p.add_argument("--draft-confidence", type=_probability, default=0.3,
-                   help="stop a draft after a token the draft model gave less than this "
-                        "probability (0 = always draft k)")
-    p.add_argument("--ngram-max", type=_positive_int, default=None,
-                   help="longest n-gram to look up (default 3; 8 with --adaptive)")
-    p.add_argument("--ngram-min", type=_positive_int, default=1)
-    p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    p.add_argument("--max-context", type=_positive_int, default=None,
-                   help="KV cache size in tokens (default: min(model context, 8192))")
-    p.add_argument("--backend", choices=["auto", "torch", "llama.cpp"], default=None,
-                   help="llama.cpp: GGUF files on CPU with their own quantised weights "
-                        "(specdecode build-llama-cpp); torch: the PyTorch model, any "
-                        "device, --dtype applies; auto: llama.cpp for GGUF on CPU when "
-                        "installed, else torch (default: $SPECDECODE_BACKEND, else auto)")
+# The one table from a load option (LoadSpec field, `LLM.load` keyword) to its flag: the
+# flags `add_load_args` defines, and the names OptionError messages use on the CLI.
+LOAD_FLAGS = {
+    "target": "--target", "draft_model": "--draft-model", "drafter": "--drafter",
+    "adaptive": "--adaptive", "k": "-k/--num-speculative-tokens",
+    "draft_quant": "--draft-quant", "draft_confidence": "--draft-confidence",
+    "ngram_max": "--ngram-max", "ngram_min": "--ngram-min", "dtype": "--dtype",
+    "device": "--device", "max_seq_len": "--max-context", "backend": "--backend",
+}
+
+
+def _load_arguments() -> dict[str, tuple[tuple[str, ...], dict]]:
+    """Each load option's flags and argparse keywords (dest: the LoadSpec field)."""
+    from specdecode.options import BACKENDS, DRAFT_QUANTS, DRAFTERS
+
+    return {
+        "target": (("--target", "--model", "-m"), dict(
+            default="default",
+            help="registry name or path to a GGUF file / HF folder (default: default)")),
+        "draft_model": (("--draft-model", "-md"), dict(
+            help="draft model: registry name or path (default: the pair's draft)")),
+        "drafter": (("--drafter",), dict(
+            choices=DRAFTERS, help="how drafts are proposed (default: draft-model if a draft "
+            "model is known, else none; auto when adaptive: the draft model if the measured "
+            "costs say it can pay, else n-gram)")),
+        "adaptive": (("--adaptive",), dict(
+            action=argparse.BooleanOptionalAction, help="draft each step only as many tokens "
+            "as pay for their verification (default: when the target's measured cost curve "
+            "is steep: on for llama.cpp; off for torch unless a cached curve says so)")),
+        "k": (("-k", "--num-speculative-tokens"), dict(
+            type=_non_negative_int, metavar="NUM_SPECULATIVE_TOKENS",
+            help="draft tokens per step (0 = plain decoding; default 8 for a draft model, 16 "
+                 "for n-gram, 64 for n-gram when adaptive: the most it may draft)")),
+        "draft_quant": (("--draft-quant",), dict(
+            choices=DRAFT_QUANTS, default="auto", help="draft model weights: int8 halves the "
+            "bytes per draft token (auto: int8 on CPU); never changes the output")),
+        "draft_confidence": (("--draft-confidence",), dict(
+            type=_probability, default=0.3, help="stop a draft after a token the draft model "
+            "gave less than this probability (0 = always draft k)")),
+        "ngram_max": (("--ngram-max",), dict(
+            type=_positive_int, help="longest n-gram to look up (default 3; 8 when adaptive)")),
+        "ngram_min": (("--ngram-min",), dict(type=_positive_int, default=1)),
+        "dtype": (("--dtype",), dict(choices=["bfloat16", "float32", "float16"],
+                                     default="bfloat16")),
+        "device": (("--device",), dict(default="cpu", help="cpu, cuda, cuda:1, ...")),
+        "max_seq_len": (("--max-context",), dict(
+            type=_positive_int, metavar="MAX_CONTEXT",
+            help="KV cache size in tokens (default: min(model context, 8192))")),
+        "backend": (("--backend",), dict(
+            choices=BACKENDS, help="llama.cpp: GGUF files on CPU with their own quantised "
+            "weights (specdecode build-llama-cpp); torch: the PyTorch model, any device, "
+            "--dtype applies; auto: llama.cpp for GGUF on CPU when installed, else torch "
+            "(default: $SPECDECODE_BACKEND, else auto)")),
+    }
+
+
+def add_load_args(p: argparse.ArgumentParser, without: tuple[str, ...] = ()) -> None:
+    """The load options (`LLM.load`'s keywords) as flags, but those named in `without`
+    (a command that sets them itself): generate, serve, bench and advise share them."""
+    for name, (flags, kw) in _load_arguments().items():
+        if name not in without:
+            p.add_argument(*flags, dest=name, **kw)
+
+
+def load_spec(args: argparse.Namespace, **overrides):
+    """The LoadSpec of parsed load options (`add_load_args`); fields a command left out
+    keep the spec's defaults, `overrides` replace any."""
+    from dataclasses import fields
+
+    from specdecode.options import LoadSpec
+
+    given = {f.name: getattr(args, f.name) for f in fields(LoadSpec) if hasattr(args, f.name)}
+    return LoadSpec(**{**given, **overrides})
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -117,7 +156,7 @@ def build_parser() -> Parser:
     p.add_argument("--chat", action="store_true", help="send PROMPT as one user message")
     p.add_argument("--messages", type=Path, default=None,
                    help="JSON file with a list of {role, content} messages")
-    _model_args(p)
+    add_load_args(p)
     _sampling_args(p)
     p.add_argument("--compare-plain", action="store_true",
                    help="also run plain decoding; print both speeds and whether outputs match")
@@ -131,7 +170,7 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("serve", help="OpenAI- and Anthropic-compatible HTTP server")
-    _model_args(p)
+    add_load_args(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000)
@@ -152,7 +191,7 @@ def build_parser() -> Parser:
 
     from specdecode.bench import cli as bench_cli
 
-    bench_cli.add_parsers(sub, _positive_int)
+    bench_cli.add_parsers(sub, _positive_int, add_load_args)
     return parser
 
 
@@ -166,11 +205,22 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, ValueError, KeyError, FileNotFoundError, OSError, RuntimeError) as e:
         if os.environ.get("SPECDECODE_DEBUG"):
             raise
-        message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-        first = str(message).strip().splitlines()[0] if str(message).strip() else type(e).__name__
-        prefix = "" if first.startswith("specdecode") else "specdecode: error: "
-        print(f"{prefix}{first}", file=sys.stderr)
+        print(error_line(e), file=sys.stderr)
         return 2
+
+
+def error_line(e: Exception) -> str:
+    """The one stderr line for an error: its first line, a load option's error with
+    the options named by their flags (LOAD_FLAGS)."""
+    from specdecode.options import OptionError
+
+    if isinstance(e, OptionError):
+        message = e.render(LOAD_FLAGS)
+    else:
+        message = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+    first = str(message).strip().splitlines()[0] if str(message).strip() else type(e).__name__
+    prefix = "" if first.startswith("specdecode") else "specdecode: error: "
+    return f"{prefix}{first}"
 
 
 # -- commands ---------------------------------------------------------------------
@@ -299,12 +349,7 @@ def cmd_generate(args) -> int:
     _check_prompt(args)
     check_device(args.device)
     messages = _read_messages(args.messages) if args.messages else None
-    llm = LLM.load(args.target, draft_model=args.draft_model, drafter=args.drafter,
-                   k=args.num_speculative_tokens, dtype=args.dtype, device=args.device,
-                   max_seq_len=args.max_context, ngram_max=args.ngram_max,
-                   ngram_min=args.ngram_min, draft_quant=args.draft_quant,
-                   draft_confidence=args.draft_confidence, backend=args.backend,
-                   adaptive=args.adaptive)
+    llm = LLM.from_spec(load_spec(args))
     prompt_ids = llm.encode(args.prompt, messages, chat=args.chat)
     return run_and_report(llm, prompt_ids, params, args.seed, args.compare_plain, args.json)
 
@@ -378,12 +423,7 @@ def cmd_serve(args) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"specdecode: warning: serving on {args.host} without --api-key",
               file=sys.stderr)
-    llm = LLM.load(args.target, draft_model=args.draft_model, drafter=args.drafter,
-                   k=args.num_speculative_tokens, dtype=args.dtype, device=args.device,
-                   max_seq_len=args.max_context, ngram_max=args.ngram_max,
-                   ngram_min=args.ngram_min, draft_quant=args.draft_quant,
-                   draft_confidence=args.draft_confidence, backend=args.backend,
-                   adaptive=args.adaptive)
+    llm = LLM.from_spec(load_spec(args))
     serve(llm, host=args.host, port=args.port, api_key=args.api_key or None,
           max_queue=args.max_queue,
           model_name=args.served_model_name or served_model_name(args.target),
@@ -394,13 +434,13 @@ def cmd_serve(args) -> int:
 def cmd_bench(args) -> int:
     from specdecode.bench.cli import cmd_bench as run
 
-    return run(args)
+    return run(args, load_spec(args))
 
 
 def cmd_advise(args) -> int:
     from specdecode.bench.cli import cmd_advise as run
 
-    return run(args)
+    return run(args, load_spec(args))
 
 
 def cmd_build_llama_cpp(args) -> int:

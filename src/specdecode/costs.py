@@ -149,6 +149,32 @@ def costs_dir() -> Path:
     return cache_dir() / "costs"
 
 
+def _cache_path(key: str) -> Path:
+    return costs_dir() / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
+
+
+def _sizes(target, max_k: int, context_len: int) -> tuple[int, list[int]]:
+    """(the context measured after, the batch sizes measured) for a target's cache size."""
+    context_len = min(context_len, target.max_seq_len // 2)  # a small context: half of it
+    return context_len, default_sizes(max(1, min(max_k, target.max_seq_len - context_len - 1)))
+
+
+def read_cached(target, *, key: str, max_k: int, context_len: int = 256) -> CostModel | None:
+    """The cost curve `cached_costs` would return from its cache for these arguments,
+    without measuring anything: None when none is cached (or the cached one is not
+    monotone, or lacks a size `cached_costs` would measure)."""
+    path = _cache_path(key)
+    sizes = _sizes(target, max_k, context_len)[1]
+    if not path.is_file():
+        return None
+    with contextlib.suppress(ValueError, KeyError, OSError):
+        saved = json.loads(path.read_text())
+        curve = {int(b): float(c) for b, c in saved["verify"].items()}
+        if saved["key"] == key and set(sizes) <= set(curve) and not disturbed_points(curve):
+            return CostModel(curve, float(saved["draft_per_token"]))
+    return None
+
+
 def cached_costs(
     target,
     draft=None,
@@ -169,15 +195,11 @@ def cached_costs(
     load time must not decide every later run. Either way the curve is only the
     controller's prior (controller.py).
     """
-    path = costs_dir() / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
-    context_len = min(context_len, target.max_seq_len // 2)  # a small context: half of it
-    sizes = default_sizes(max(1, min(max_k, target.max_seq_len - context_len - 1)))  # fits
-    if path.is_file() and not refresh:
-        with contextlib.suppress(ValueError, KeyError, OSError):
-            saved = json.loads(path.read_text())
-            curve = {int(b): float(c) for b, c in saved["verify"].items()}
-            if saved["key"] == key and set(sizes) <= set(curve) and not disturbed_points(curve):
-                return CostModel(curve, float(saved["draft_per_token"])), True
+    cached = None if refresh else read_cached(target, key=key, max_k=max_k,
+                                              context_len=context_len)
+    if cached is not None:
+        return cached, True
+    path, (context_len, sizes) = _cache_path(key), _sizes(target, max_k, context_len)
     context = [(i * 7919) % 1000 + 100 for i in range(context_len)]  # any in-vocabulary ids
     curve, clean = measure_curve(target, context, sizes)
     target.rollback(0)

@@ -23,6 +23,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from specdecode.options import OptionError
+
 if TYPE_CHECKING:
     from specdecode.models.config import ModelConfig
 
@@ -32,17 +34,18 @@ LLAMA_CPP_KV_BYTES = 2  # llama.cpp's default KV cache type is f16
 
 
 def _positive_int(value: object, name: str) -> int:
+    """value if it is an integer >= 1, else OptionError about option `name`."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        raise OptionError(f"<{name}> must be an integer >= 1, got {value!r}")
     return value
 
 
 def check_context(max_seq_len: object, trained: int, model: str = "the model") -> int:
-    """max_seq_len if it is an integer in 1..trained, else ValueError (API and CLI terms)."""
-    size = _positive_int(max_seq_len, "max_seq_len (--max-context)")
+    """max_seq_len if it is an integer in 1..trained, else OptionError (options.py)."""
+    size = _positive_int(max_seq_len, "max_seq_len")
     if size > trained:
-        raise ValueError(f"max_seq_len (--max-context) {size} exceeds the trained context of "
-                         f"{model}: {trained} tokens")
+        raise OptionError(f"<max_seq_len> {size} exceeds the trained context of {model}: "
+                          f"{trained} tokens")
     return size
 
 
@@ -51,10 +54,10 @@ def check_k(k: object, context: int) -> None:
     if k is None:
         return
     if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-        raise ValueError(f"k (num_speculative_tokens) must be an integer >= 0, got {k!r}")
+        raise OptionError(f"<k> must be an integer >= 0, got {k!r}")
     if k > context - 2:
-        raise ValueError(f"k (-k/--num-speculative-tokens) {k} does not fit a context of "
-                         f"{context} tokens: at most {max(0, context - 2)}")
+        raise OptionError(f"<k> {k} does not fit a context of {context} tokens: at most "
+                          f"{max(0, context - 2)}")
 
 
 def kv_cache_bytes(cfg: ModelConfig, seq_len: int, elem_bytes: int) -> int:
@@ -116,9 +119,9 @@ def check_memory(need: int, what: str, device: str = "cpu") -> None:
     else:
         avail = available_bytes()
     if avail is not None and need > avail:
-        raise ValueError(f"{what} needs about {need / GB:.1f} GB, but only {avail / GB:.1f} GB "
-                         f"of memory is available on {device}; lower max_seq_len "
-                         "(--max-context)")
+        raise OptionError(f"{what} needs about {need / GB:.1f} GB, but only "
+                          f"{avail / GB:.1f} GB of memory is available on {device}; lower "
+                          "<max_seq_len>")
 
 
 def _cuda_free(device: str) -> int | None:
@@ -147,7 +150,7 @@ def check_load(target: str, *, k: int | None, max_seq_len: int | None, dtype: st
     from specdecode.models import registry
 
     if max_seq_len is not None:
-        _positive_int(max_seq_len, "max_seq_len (--max-context)")
+        _positive_int(max_seq_len, "max_seq_len")
     path = registry.resolve(target)
     cfg = model_config(path)
     if cfg is None:

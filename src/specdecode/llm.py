@@ -7,28 +7,30 @@ stop strings, and run plain decoding of the same request for comparison.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
+from specdecode import threads
 from specdecode.controller import Controller, Slot
 from specdecode.drafters import DraftModelDrafter, NgramDrafter, VocabularyMismatch
 from specdecode.drafters.base import Drafter
 from specdecode.engine import SpeculativeDecoder
 from specdecode.models.base import CausalLM
 from specdecode.models.loading import Loaded
-from specdecode.models.quant import quantize_int8, worth_it
+from specdecode.models.quant import quantize_int8
+from specdecode.options import BACKENDS, DRAFTERS, LoadSpec
+from specdecode.plan import DRAFTERS as DRAFTER_RULES
+from specdecode.plan import Facts, Plan, resolve, settle
 from specdecode.sampling import SamplingParams
 from specdecode.speclen import CostModel, LengthPolicy, best_length
 from specdecode.stats import SpecStats
 from specdecode.text import TextStream, Tokenizer
 
-DRAFTERS = ("auto", "draft-model", "ngram", "none")
-BACKENDS = ("auto", "torch", "llama.cpp")
+__all__ = ["BACKENDS", "DRAFTERS", "LLM", "LoadInfo", "LoadSpec", "TextChunk", "TextResult"]
 
 
 @dataclass
@@ -115,102 +117,64 @@ class LLM:
         backend: str | None = None,
         adaptive: bool | None = None,
     ) -> LLM:
-        """Load by registry name or path. `drafter` defaults to draft-model when a
-        draft model is given (or the target is a registry pair; "auto" on the
-        llama.cpp backend), else none. k defaults to 8 for a draft model and 16
-        for n-gram lookup (its drafts cost nothing, and copied text runs long; 64
-        when adaptive). ngram_max defaults to 3 (8 when adaptive).
+        """Load by registry name or path: `LLM.from_spec` of the LoadSpec these keyword
+        arguments make (options.py says what each means; plan.py the defaults).
 
-        adaptive: choose each step's drafter and draft length from costs and
-        acceptance observed as the engine runs (controller.py), the target's cost
-        curve measured at load (cached per model and machine when the measurement
-        was clean) being only the prior; None: on for the llama.cpp backend, whose
-        small verification batches cost almost a plain step per token. drafter
-        "auto" (adaptive only): n-gram lookup, plus the draft model when its
-        start-up costs predict 1.1x or more at 90 % acceptance; every step uses
-        whichever pays most on observed costs, or none (a plain step), and a draft
-        model that does not pay is paused. `info.choice` says what was chosen.
+        In short: `drafter` defaults to draft-model when a draft model is given (or
+        the target is a registry pair), else none; "auto" (the adaptive default with
+        a draft model) has n-gram lookup plus the draft model while its measured
+        costs say it can pay. k defaults to 8 for a draft model, 16 for n-gram
+        lookup (64 when adaptive: a cap), ngram_max to 3 (8 when adaptive).
+        adaptive: each step's drafter and draft length from observed costs
+        (controller.py); None: from the target's cost curve, measured at load on
+        llama.cpp (adaptive when c(8) > 1.3 plain steps) and read from the cache only
+        on torch (fixed k when none is cached). draft_quant: int8 | none | auto (int8
+        on CPU in bf16/fp16; never changes the output). draft_confidence: stop a
+        draft after a token the draft model gave less than this probability.
+        backend: torch | llama.cpp | auto (llama.cpp for GGUF files on CPU when
+        built, else torch; None: $SPECDECODE_BACKEND, else auto), chosen per model.
+        `info.choice` says what was chosen from costs. Bad options raise
+        OptionError (a ValueError) naming the keyword argument."""
+        return cls.from_spec(LoadSpec(
+            target, draft_model, drafter, k, backend, dtype, device, max_seq_len, ngram_max,
+            ngram_min, draft_quant, draft_confidence, adaptive))
 
-        draft_quant: "int8" (weight-only, half the bytes per draft token),
-        "none", or "auto" (int8 on CPU in bf16/fp16). It changes only the acceptance rate,
-        never the output. draft_confidence: stop a draft after a token the draft
-        model gave less than this probability (0 = always draft k).
-
-        backend: "torch" (the native PyTorch model: any device, `dtype` applies),
-        "llama.cpp" (GGUF files on CPU through llama-cpp-python, the GGUF's own
-        quantised weights; `dtype` and `draft_quant` do not apply), or "auto"
-        (llama.cpp for GGUF files on CPU when llama-cpp-python is installed, else
-        torch; see `choose_backend`). None: $SPECDECODE_BACKEND, else "auto".
-        Chosen per model."""
+    @classmethod
+    def from_spec(cls, spec: LoadSpec, facts: Facts | None = None) -> LLM:
+        """Check the sizes (limits.py), resolve the plan (plan.py), load its models and
+        build it."""
         from specdecode import limits
-        from specdecode.models import registry
 
-        limits.check_load(target, k=k, max_seq_len=max_seq_len, dtype=dtype, device=device,
-                          backend=backend)
-        if drafter is not None and drafter not in DRAFTERS:
-            raise ValueError(f"unknown drafter '{drafter}'; choose one of {', '.join(DRAFTERS)}")
-        if draft_model is None and target in registry.PAIRS and drafter in (
-                None, "draft-model", "auto"):
-            draft_model = registry.PAIRS[target][1]
-        if backend is None:
-            backend = os.environ.get("SPECDECODE_BACKEND") or "auto"
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend '{backend}'; choose one of {', '.join(BACKENDS)}")
-        target_path = registry.resolve(target)
-        target_backend = choose_backend(backend, target_path, device)
-        if adaptive is None:
-            adaptive = target_backend == "llama.cpp"
-        if drafter is None:
-            drafter = ("auto" if adaptive else "draft-model") if draft_model else "none"
-        if drafter == "auto" and not adaptive:
-            raise ValueError("--drafter auto chooses from measured costs: it needs --adaptive")
-        if k is None:  # a cap when adaptive: long copies pay off even at c(65) ~ 10 steps
-            k = (64 if adaptive else 16) if drafter in ("ngram", "auto") else 8
-        if ngram_max is None:  # the policy needs precise matches more than many matches
-            ngram_max = 8 if adaptive else 3
-        if drafter == "draft-model" and not draft_model:
-            raise ValueError("--drafter draft-model needs --draft-model")
-        if draft_quant not in ("auto", "int8", "none"):
-            raise ValueError(f"unknown draft quantisation '{draft_quant}'; choose auto, int8, none")
-        if draft_quant == "auto":
-            draft_quant = "int8" if worth_it(device, dtype) else "none"
-        draft_path = (registry.resolve(draft_model) if drafter == "draft-model" or (
-            drafter == "auto" and draft_model) else None)
-        info = LoadInfo(target=str(target_path), drafter=drafter, backend=target_backend)
-        t = load_model(target_path, target_backend, dtype=dtype, device=device,
-                       max_seq_len=max_seq_len)
-        info.seconds["target"], info.from_cache["target"] = t.load_seconds, t.from_cache
-        proposer: Drafter | None = None
-        if draft_path is not None:
-            draft_backend = choose_backend(backend, draft_path, device)
-            d = load_model(draft_path, draft_backend, dtype=dtype, device=device,
-                           max_seq_len=t.model.max_seq_len)
-            if draft_backend == "llama.cpp":
-                info.draft = f"{draft_path} (llama.cpp, GGUF weights)"
-            else:
-                if draft_quant == "int8":
-                    quantize_int8(d.model)
-                info.draft = f"{draft_path} ({draft_quant if draft_quant != 'none' else dtype})"
-            info.seconds["draft"], info.from_cache["draft"] = d.load_seconds, d.from_cache
-            proposer = make_draft_model_drafter(d.model, d.tokenizer, t.model, t.tokenizer,
-                                                confidence_threshold=draft_confidence)
-        controller = None
-        if adaptive and drafter != "none":
-            costs = measured_costs(t.model, proposer, info, k, (target_path, draft_path))
-            if drafter == "auto":
-                proposer, info.choice = choose_drafter(costs, proposer, k)
-            ngram = None if drafter == "draft-model" else NgramDrafter(max_n=ngram_max,
-                                                                       min_n=ngram_min)
-            controller = make_controller(costs, ngram, proposer)
-            info.drafter = "+".join(slot.name for slot in controller.slots)
-            if proposer is None:
-                info.draft = None
-            note = f"each step's drafter and length from observed costs ({controller.describe(k)})"
-            info.choice = f"{info.choice}; {note}" if info.choice else note
-            proposer = None
-        elif drafter == "ngram":
-            proposer = NgramDrafter(max_n=ngram_max, min_n=ngram_min)
-        return cls(t.model, t.tokenizer, proposer, k, info, controller)
+        limits.check_load(spec.target, k=spec.k, max_seq_len=spec.max_seq_len,
+                          dtype=spec.dtype, device=spec.device, backend=spec.backend)
+        plan = resolve(spec, facts or Facts.here())
+        return cls.build(plan, load_plan(plan))
+
+    @classmethod
+    def build(cls, plan: Plan, models: LoadedModels) -> LLM:
+        """The LLM `plan` describes, on models loaded for it (or for a plan with the same
+        target and draft: the bench builds its rows on one load). An undecided
+        adaptive default is settled here, from the target's cost curve."""
+        info = models.new_info()
+        plan, costs, why = _settle(plan, models, info)
+        info.drafter, choice = plan.drafter, None
+        drafters = {name: models.drafter(name, plan) for name in plan.drafters}
+        if not (plan.adaptive and drafters):
+            info.choice = why
+            return cls(models.target.model, models.target.tokenizer,
+                       next(iter(drafters.values()), None), plan.k, info)
+        draft = drafters.get("draft-model")
+        if costs is None:
+            costs = measured_costs(models.target.model, draft, info, plan.k, models.files)
+        if DRAFTER_RULES[plan.drafter].chooses:
+            draft, choice = choose_drafter(costs, draft, plan.k)
+        controller = make_controller(costs, drafters.get("ngram"), draft)
+        info.drafter = "+".join(slot.name for slot in controller.slots)
+        if draft is None:
+            info.draft = None
+        note = f"each step's drafter and length from observed costs ({controller.describe(plan.k)})"
+        info.choice = "; ".join(filter(None, (choice, note, why)))
+        return cls(models.target.model, models.target.tokenizer, None, plan.k, info, controller)
 
     # -- prompts ----------------------------------------------------------------
 
@@ -267,18 +231,40 @@ def measured_costs(target: CausalLM, drafter: Drafter | None, info: LoadInfo, k:
                    files: tuple[Path, Path | None]) -> CostModel:
     """The target's cost curve (and the draft model's per-token cost), cached per
     model files, backend, threads and machine; recorded in `info.costs`."""
-    from specdecode.costs import cached_costs, cpu_name
+    from specdecode.costs import cached_costs
 
-    draft = getattr(drafter, "model", None)
-    stamps = [(str(f), f.stat().st_size if f.is_file() else None) for f in files if f]
-    key = "|".join(map(str, (info.backend, repr(target), torch.get_num_threads(), info.draft,
-                             stamps, cpu_name())))
     start = time.perf_counter()
-    costs, cached = cached_costs(target, draft, key=key, max_k=max(k, 32))
+    costs, cached = cached_costs(target, getattr(drafter, "model", None),
+                                 key=_costs_key(target, info, files), max_k=max(k, 32))
     info.seconds["costs"] = time.perf_counter() - start
+    _record_costs(info, costs, cached)
+    return costs
+
+
+def cached_prior(target: CausalLM, info: LoadInfo, k: int,
+                 files: tuple[Path, Path | None]) -> CostModel | None:
+    """The cost curve `measured_costs` would find in its cache, without measuring
+    (None: not cached); recorded in `info.costs` when found."""
+    from specdecode.costs import read_cached
+
+    costs = read_cached(target, key=_costs_key(target, info, files), max_k=max(k, 32))
+    if costs is not None:
+        _record_costs(info, costs, True)
+    return costs
+
+
+def _costs_key(target: CausalLM, info: LoadInfo, files: tuple[Path, Path | None]) -> str:
+    """A cost curve's cache key: backend, target, threads, draft, model files, CPU."""
+    from specdecode.costs import cpu_name
+
+    stamps = [(str(f), f.stat().st_size if f.is_file() else None) for f in files if f]
+    return "|".join(map(str, (info.backend, repr(target), torch.get_num_threads(), info.draft,
+                              stamps, cpu_name())))
+
+
+def _record_costs(info: LoadInfo, costs: CostModel, cached: bool) -> None:
     info.costs = {"c": {b: round(c, 3) for b, c in costs.verify.items()},
                   "c_draft": round(costs.draft_per_token, 3), "from_cache": cached}
-    return costs
 
 
 KEEP_DRAFT_MODEL = 1.1  # predicted speed-up at 90 % acceptance that keeps it loaded
@@ -318,38 +304,139 @@ def make_controller(costs: CostModel, ngram: Drafter | None, draft: Drafter | No
 
 
 def choose_backend(backend: str, path: Path, device: str) -> str:
-    """"torch" or "llama.cpp" for one model file/folder (see `LLM.load`)."""
-    from specdecode.models import llama_cpp
+    """"torch" or "llama.cpp" for one model file/folder on this machine (plan.py's
+    BACKENDS say what each can run)."""
+    from specdecode import plan
 
-    gguf, cpu = path.is_file() and path.suffix == ".gguf", str(device).startswith("cpu")
-    if backend == "auto":
-        # llama.cpp for GGUF on CPU when installed: 3x the torch path's speed here.
-        return "llama.cpp" if gguf and cpu and llama_cpp.available() else "torch"
-    if backend == "llama.cpp":
-        if not gguf:
-            raise ValueError(f"the llama.cpp backend runs GGUF files; {path} is not one")
-        if not cpu:
-            raise ValueError(f"the llama.cpp backend runs on cpu only, not {device}")
-        if not llama_cpp.available():
-            raise ValueError("the llama.cpp backend is not built here: run "
-                             "`specdecode build-llama-cpp` (once, about 9 minutes)")
-    return backend
+    return plan.choose_backend(backend, Path(path), device, Facts.here())
 
 
-def load_model(
-    path: Path, backend: str, *, dtype: str, device: str, max_seq_len: int | None
-) -> Loaded:
-    """One model (and its tokenizer) through the chosen backend."""
+def _load_torch(path: Path, *, dtype: str, device: str, max_seq_len: int | None) -> Loaded:
     from specdecode.models import loading
 
-    if backend == "torch":
-        return loading.load(path, dtype=dtype, device=device, max_seq_len=max_seq_len)
+    return loading.load(path, dtype=dtype, device=device, max_seq_len=max_seq_len)
+
+
+def _load_llama_cpp(path: Path, *, dtype: str, device: str, max_seq_len: int | None) -> Loaded:
+    """The GGUF's own weights (`dtype` does not apply; the device is cpu)."""
+    from specdecode.models import loading
     from specdecode.models.llama_cpp import LlamaCppLM
 
     start = time.perf_counter()
     model = LlamaCppLM(path, max_seq_len=max_seq_len)
     tokenizer = loading.load_tokenizer(path)
     return Loaded(model, tokenizer, path, time.perf_counter() - start, from_cache=True)
+
+
+def _torch_draft(loaded: Loaded, plan: Plan) -> str:
+    """Quantise a torch draft model as planned; how its weights are held."""
+    if plan.draft_quant == "int8":
+        quantize_int8(loaded.model)
+    return plan.draft_quant if plan.draft_quant != "none" else plan.spec.dtype
+
+
+# Backends by name: (load one model, prepare a loaded draft model -> its description).
+LOADERS: dict[str, tuple[Callable[..., Loaded], Callable[[Loaded, Plan], str]]] = {
+    "torch": (_load_torch, _torch_draft),
+    "llama.cpp": (_load_llama_cpp, lambda loaded, plan: "llama.cpp, GGUF weights"),
+}
+
+
+def load_model(
+    path: Path, backend: str, *, dtype: str, device: str, max_seq_len: int | None
+) -> Loaded:
+    """One model (and its tokenizer) through the chosen backend."""
+    threads.loaded(backend)  # the process's thread policy for the backends loaded so far
+    return LOADERS[backend][0](path, dtype=dtype, device=device, max_seq_len=max_seq_len)
+
+
+@dataclass
+class LoadedModels:
+    """A plan's models, loaded: the target, the draft model (None: none), what their
+    load recorded (`info`) and the files the cost cache is keyed on. Several plans
+    with this target and draft can be built on them (`LLM.build`): the draft-model
+    drafter (and with it the draft model's cache) is made once and shared."""
+
+    target: Loaded
+    draft: Loaded | None
+    info: LoadInfo
+    files: tuple[Path, Path | None]
+    drafters: dict[tuple, Drafter] = field(default_factory=dict)
+
+    def new_info(self) -> LoadInfo:
+        """A copy of the load's info for one LLM to fill in."""
+        return replace(self.info, seconds=dict(self.info.seconds),
+                       from_cache=dict(self.info.from_cache))
+
+    def drafter(self, name: str, plan: Plan) -> Drafter:
+        """Drafter `name` for `plan` through DRAFTER_FACTORIES: a new one, or the one
+        made before for a plan with the same values of the factory's shared-by fields."""
+        make, shared_by = DRAFTER_FACTORIES[name]
+        if shared_by is None:
+            return make(plan, self)
+        key = (name, *(getattr(plan.spec, f) for f in shared_by))
+        if key not in self.drafters:
+            self.drafters[key] = make(plan, self)
+        return self.drafters[key]
+
+
+def _ngram_drafter(plan: Plan, models: LoadedModels) -> Drafter:
+    return NgramDrafter(max_n=plan.ngram_max, min_n=plan.ngram_min)
+
+
+def _draft_model_drafter(plan: Plan, models: LoadedModels) -> Drafter:
+    t, d = models.target, models.draft
+    return make_draft_model_drafter(d.model, d.tokenizer, t.model, t.tokenizer,
+                                    confidence_threshold=plan.spec.draft_confidence)
+
+
+# Drafters by name: (make one for a plan on loaded models, the LoadSpec fields that key
+# one shared by several LLMs on the same models; None: a new one for each). The draft
+# model's drafter is shared: it tracks what the draft model's KV cache holds.
+DRAFTER_FACTORIES: dict[str, tuple[Callable[[Plan, LoadedModels], Drafter],
+                                   tuple[str, ...] | None]] = {
+    "ngram": (_ngram_drafter, None),
+    "draft-model": (_draft_model_drafter, ("draft_confidence",)),
+}
+
+
+def load_plan(plan: Plan) -> LoadedModels:
+    """Load the plan's target, then its draft model (prepared as its backend does)."""
+    spec = plan.spec
+    info = LoadInfo(target=str(plan.target.path), drafter=plan.drafter,
+                    backend=plan.target.backend)
+    t = load_model(plan.target.path, plan.target.backend, dtype=spec.dtype, device=spec.device,
+                   max_seq_len=spec.max_seq_len)
+    info.seconds["target"], info.from_cache["target"] = t.load_seconds, t.from_cache
+    d = None
+    if plan.draft is not None:
+        load, prepare = LOADERS[plan.draft.backend]
+        d = load(plan.draft.path, dtype=spec.dtype, device=spec.device,
+                 max_seq_len=t.model.max_seq_len)
+        info.draft = f"{plan.draft.path} ({prepare(d, plan)})"
+        info.seconds["draft"], info.from_cache["draft"] = d.load_seconds, d.from_cache
+    return LoadedModels(t, d, info, (plan.target.path, plan.draft and plan.draft.path))
+
+
+def _settle(plan: Plan, models: LoadedModels, info: LoadInfo
+            ) -> tuple[Plan, CostModel | None, str | None]:
+    """(the plan that runs, its cost prior if measured or cached, why): an undecided
+    adaptive default settled from the target's cost curve (plan.settle), measured
+    where the backend measures at load, else read from the cache only."""
+    if plan.fixed is None:
+        return plan, None, None
+    target, k = models.target.model, plan.k
+    if plan.measures_at_load:
+        draft = models.drafter("draft-model", plan) if "draft-model" in plan.drafters else None
+        costs = measured_costs(target, draft, info, k, models.files)
+    else:
+        costs = cached_prior(target, info, k, models.files)
+    chosen = settle(plan, costs and costs.c)
+    if costs is None:
+        return chosen, None, None
+    why = (f"{'adaptive' if chosen.adaptive else 'fixed k'} by default: c(8) = "
+           f"{costs.c(8):.2f} plain steps ({'steep' if chosen.adaptive else 'flat'} cost curve)")
+    return chosen, costs, why
 
 
 def make_draft_model_drafter(

@@ -1,4 +1,4 @@
-"""SpecStats: what one generation (or many, merged) did, in DESIGN section 3 terms.
+"""SpecStats: what one generation (or many, merged) did, in README.md's Metrics terms.
 
 - steps: target verification passes (plain decoding: one per token).
 - drafted: draft tokens proposed; accepted: draft tokens the verifier kept and

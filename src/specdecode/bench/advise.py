@@ -36,17 +36,23 @@ class AdviseOptions:
     device: str = "cpu"
     backend: str | None = None  # None: $SPECDECODE_BACKEND or auto, as LLM.load
     draft_quant: str = "auto"
+    max_seq_len: int | None = None
+    ngram_max: int | None = None
+    ngram_min: int = 1
     seed: int = 0
 
 
 def _bench_options(o: AdviseOptions) -> BenchOptions:
+    """The bench configurations advise measures: each drafter at its longest k, the
+    draft model without confidence stops, on the same load options."""
     return BenchOptions(target=o.target, draft_model=o.draft_model, workloads=o.workloads,
                         limit=o.limit, max_tokens=o.max_tokens,
                         drafters=["draft-model", "ngram"],
                         draft_k=[o.max_draft_k], ngram_k=[o.max_ngram_k],
                         temperatures=[o.temperature], dtype=o.dtype, device=o.device,
                         backend=o.backend, peers=[], draft_quant=o.draft_quant,
-                        draft_confidence=0.0, seed=o.seed)
+                        draft_confidence=0.0, max_seq_len=o.max_seq_len,
+                        ngram_max=o.ngram_max, ngram_min=o.ngram_min, seed=o.seed)
 
 
 def advise(options: AdviseOptions, models=None) -> dict:

@@ -8,6 +8,7 @@ import shlex
 import sys
 
 from specdecode.bench import workloads
+from specdecode.options import LoadSpec
 
 
 def _number_list(cast, minimum, example: str):
@@ -42,28 +43,25 @@ def _choice_list(choices: tuple[str, ...]):
     return parse
 
 
-def _common(p: argparse.ArgumentParser, positive_int) -> None:
-    p.add_argument("--target", "--model", "-m", default="default",
-                   help="registry name or path to a GGUF file / HF folder (default: default)")
-    p.add_argument("--draft-model", "-md", default=None,
-                   help="draft model (default: the pair's draft)")
+# Load options a bench or advise run sets per configuration itself (its rows), not by flag.
+ROW_OPTIONS = ("drafter", "k", "adaptive")
+
+
+def _common(p: argparse.ArgumentParser, positive_int, add_load_args,
+            without: tuple[str, ...] = ROW_OPTIONS) -> None:
+    add_load_args(p, without)
     p.add_argument("--workload", "-w", action="append", default=None, dest="workloads",
                    help=f"{', '.join(workloads.NAMES)} or a .jsonl file (repeatable)")
     p.add_argument("--limit", type=positive_int, default=None, help="prompts per workload")
-    p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--backend", choices=["auto", "torch", "llama.cpp"], default=None,
-                   help="what runs the models (default $SPECDECODE_BACKEND, else auto: "
-                        "llama.cpp for GGUF files on CPU once `specdecode build-llama-cpp` "
-                        "has built it, else torch)")
-    p.add_argument("--draft-quant", choices=["auto", "int8", "none"], default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
-def add_parsers(sub, positive_int) -> None:
+def add_parsers(sub, positive_int, add_load_args) -> None:
+    """`bench` and `advise`; `add_load_args` is the CLI's one definition of the load
+    options (cli.py), of which each run sets drafter, k and adaptive per row itself."""
     p = sub.add_parser("bench", help="benchmark plain, drafters and peers side by side")
-    _common(p, positive_int)
+    _common(p, positive_int, add_load_args)
     p.add_argument("--max-tokens", "-n", type=positive_int, default=128)
     p.add_argument("--drafters", type=_choice_list(("auto", "draft-model", "ngram")),
                    default=["auto", "draft-model", "ngram"],
@@ -79,7 +77,6 @@ def add_parsers(sub, positive_int) -> None:
                    help="hf (transformers plain / assisted / prompt lookup) or none")
     p.add_argument("--prompt-lookup-k", type=positive_int, default=10,
                    help="HF prompt_lookup_num_tokens (default 10)")
-    p.add_argument("--draft-confidence", type=float, default=0.3)
     p.add_argument("--repeats", type=positive_int, default=1)
     p.add_argument("--background-load", type=int, default=0, metavar="N",
                    help="N busy processes compete for the CPU during the measured runs")
@@ -89,7 +86,8 @@ def add_parsers(sub, positive_int) -> None:
     p.add_argument("--no-plots", action="store_true")
 
     p = sub.add_parser("advise", help="measure costs and acceptance; recommend drafter and k")
-    _common(p, positive_int)
+    # advise drafts at each drafter's longest k without confidence stops: no --draft-confidence
+    _common(p, positive_int, add_load_args, (*ROW_OPTIONS, "draft_confidence"))
     p.add_argument("--max-tokens", "-n", type=positive_int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--max-draft-k", type=positive_int, default=12)
@@ -101,7 +99,8 @@ def _check_workloads(names: list[str], limit: int | None) -> None:
         workloads.load(name, limit)
 
 
-def cmd_bench(args) -> int:
+def cmd_bench(args, spec: LoadSpec) -> int:
+    """Run `specdecode bench`: every row on the load options of `spec` (cli.load_spec)."""
     from specdecode.bench import report
     from specdecode.bench.runner import BenchOptions, run
 
@@ -110,14 +109,12 @@ def cmd_bench(args) -> int:
     if args.background_load < 0:
         raise ValueError(f"--background-load must be >= 0, got {args.background_load}")
     options = BenchOptions(
-        target=args.target, draft_model=args.draft_model, workloads=names, limit=args.limit,
+        **BenchOptions.load_fields(spec), workloads=names, limit=args.limit,
         max_tokens=args.max_tokens, drafters=args.drafters, draft_k=args.draft_k,
-        ngram_k=args.ngram_k, temperatures=args.temperatures, dtype=args.dtype,
-        device=args.device, backend=args.backend,
-        peers=[p for p in args.peers if p != "none"],
-        repeats=args.repeats, warmup=not args.no_warmup, draft_quant=args.draft_quant,
-        draft_confidence=args.draft_confidence, prompt_lookup_k=args.prompt_lookup_k,
-        seed=args.seed, background_load=args.background_load)
+        ngram_k=args.ngram_k, temperatures=args.temperatures,
+        peers=[p for p in args.peers if p != "none"], repeats=args.repeats,
+        warmup=not args.no_warmup, prompt_lookup_k=args.prompt_lookup_k, seed=args.seed,
+        background_load=args.background_load)
     result = run(options, progress=not args.json)
     command = "specdecode " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     paths = report.write(result, args.out, command=command, plot=not args.no_plots)
@@ -129,18 +126,21 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def cmd_advise(args) -> int:
+def cmd_advise(args, spec: LoadSpec) -> int:
+    """Run `specdecode advise` on the load options of `spec` (cli.load_spec)."""
     from specdecode.bench.advise import AdviseOptions, advise, print_advice
+    from specdecode.bench.runner import BenchOptions
 
     if args.temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
     names = args.workloads or ["humaneval"]
     _check_workloads(names, args.limit)
+    load = BenchOptions.load_fields(spec)
+    del load["draft_confidence"]  # advise drafts without confidence stops
     options = AdviseOptions(
-        target=args.target, draft_model=args.draft_model, workloads=names,
-        limit=args.limit or 2, max_tokens=args.max_tokens, temperature=args.temperature,
-        max_draft_k=args.max_draft_k, max_ngram_k=args.max_ngram_k, dtype=args.dtype,
-        device=args.device, backend=args.backend, draft_quant=args.draft_quant, seed=args.seed)
+        **load, workloads=names, limit=args.limit or 2, max_tokens=args.max_tokens,
+        temperature=args.temperature, max_draft_k=args.max_draft_k,
+        max_ngram_k=args.max_ngram_k, seed=args.seed)
     result = advise(options)
     if args.json:
         print(json.dumps(result))

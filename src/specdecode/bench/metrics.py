@@ -1,4 +1,4 @@
-"""Benchmark arithmetic: DESIGN section 3 made into functions (no models, no timing).
+"""Benchmark arithmetic: README.md's Metrics section made into functions (no models, no timing).
 
 Costs are in units of one plain target step (one target forward over one
 token): c_draft per draft token, c_verify(b) per verification pass over b

@@ -14,7 +14,7 @@ import os
 import platform
 import resource
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -22,8 +22,9 @@ import torch
 from specdecode.bench import hf_peer, workloads
 from specdecode.bench.load import busy_load
 from specdecode.bench.summary import margin_at_divergence, summarise
-from specdecode.drafters import NgramDrafter
-from specdecode.llm import LLM
+from specdecode.llm import LLM, LoadedModels, load_plan
+from specdecode.options import LoadSpec
+from specdecode.plan import Facts, Plan, draft_model, resolve
 from specdecode.sampling import SamplingParams
 
 SCHEMA = "specdecode.bench/1"
@@ -51,6 +52,15 @@ class Config:
         """The plain configuration this one's speedup and exactness are measured against."""
         return Config(self.engine, "plain").label
 
+    def spec(self, base: LoadSpec) -> LoadSpec:
+        """The load spec of this (specdecode) configuration on the run's load options:
+        auto is `base` as given (what a user who sets no drafter options runs); the
+        others set their drafter and k, fixed (not adaptive), as labelled."""
+        if self.method == "auto":
+            return base
+        drafter = "none" if self.method == "plain" else self.method
+        return replace(base, drafter=drafter, k=self.k, adaptive=False)
+
 
 @dataclass
 class BenchOptions:
@@ -72,8 +82,22 @@ class BenchOptions:
     warmup: bool = True
     draft_quant: str = "auto"
     draft_confidence: float = 0.3
+    max_seq_len: int | None = None
+    ngram_max: int | None = None
+    ngram_min: int = 1
     prompt_lookup_k: int = 10
     seed: int = 0
+
+    @staticmethod
+    def load_fields(spec: LoadSpec) -> dict:
+        """The fields of `spec` a bench run takes (all but the per-row drafter, k, adaptive)."""
+        return {f.name: getattr(spec, f.name) for f in fields(LoadSpec)
+                if f.name in BenchOptions.__dataclass_fields__}
+
+    def spec(self) -> LoadSpec:
+        """The run's load options as a LoadSpec (drafter, k and adaptive unset)."""
+        return LoadSpec(**{f.name: getattr(self, f.name) for f in fields(LoadSpec)
+                           if f.name in BenchOptions.__dataclass_fields__})
 
 
 @dataclass
@@ -115,28 +139,24 @@ def specdecode_configs(options: BenchOptions, has_draft: bool) -> list[Config]:
 
 
 def load_models(options: BenchOptions) -> Models:
-    """The target (and the draft model) through LLM.load, as the CLI loads them."""
-    from specdecode.models import registry
-
-    if options.draft_model is None and options.target in registry.PAIRS:
-        options.draft_model = registry.PAIRS[options.target][1]
-    want_draft = "draft-model" in options.drafters and options.draft_model
-    llm = LLM.load(options.target, draft_model=options.draft_model if want_draft else None,
-                   drafter="draft-model" if want_draft else "none", dtype=options.dtype,
-                   device=options.device, draft_quant=options.draft_quant,
-                   draft_confidence=options.draft_confidence, backend=options.backend,
-                   adaptive=False)  # fixed k per configuration, as labelled
-    target_path = registry.resolve(options.target)
-    draft_path = registry.resolve(options.draft_model) if want_draft else None
-    memory = {"target": model_bytes(llm.target, target_path)}
-    if draft_path is not None:
-        memory["draft"] = model_bytes(llm.drafter.model, draft_path)
-    llms = build_llms(options, llm.target, llm.tokenizer, llm.drafter)
-    if "auto" in options.drafters:  # what a user who sets nothing runs: its own load
-        llms[Config("specdecode", "auto").label] = LLM.load(
-            options.target, draft_model=options.draft_model, dtype=options.dtype,
-            device=options.device, backend=options.backend)
-    return Models(llms, target_path, draft_path, memory)
+    """Every configuration's plan (`Config.spec`, resolved as `LLM.load` resolves it), the
+    models loaded once and each fixed configuration built on them; the shipped default
+    (auto) in a load of its own, as a user who sets nothing gets it."""
+    facts = Facts.here()
+    options.draft_model = draft_model(options.spec(), facts)  # reported as run
+    base = options.spec()
+    has_draft = "draft-model" in options.drafters and options.draft_model is not None
+    plans = {c.label: resolve(c.spec(base), facts)
+             for c in specdecode_configs(options, has_draft) if c.method != "auto"}
+    loaded = load_plan(max(plans.values(), key=lambda p: p.draft is not None))
+    memory = {"target": model_bytes(loaded.target.model, loaded.files[0])}
+    if loaded.draft is not None:
+        memory["draft"] = model_bytes(loaded.draft.model, loaded.files[1])
+    llms = build_llms(plans, loaded)
+    if "auto" in options.drafters:
+        llms[Config("specdecode", "auto").label] = LLM.from_spec(
+            Config("specdecode", "auto").spec(base), facts)
+    return Models(llms, loaded.files[0], loaded.files[1], memory)
 
 
 def model_bytes(model, path: Path) -> int:
@@ -144,17 +164,10 @@ def model_bytes(model, path: Path) -> int:
     return tensor_bytes(model) if isinstance(model, torch.nn.Module) else path.stat().st_size
 
 
-def build_llms(options: BenchOptions, target, tokenizer, draft_drafter) -> dict[str, LLM]:
-    """One LLM per specdecode configuration; the draft-model drafter (and its KV cache) is
-    shared between k values, which run one at a time."""
-    llms = {}
-    for c in specdecode_configs(options, draft_drafter is not None):
-        if c.method == "auto":
-            continue  # loaded as users load it (load_models)
-        drafter = {"plain": None, "draft-model": draft_drafter,
-                   "ngram": NgramDrafter(max_n=3, min_n=1)}[c.method]
-        llms[c.label] = LLM(target, tokenizer, drafter, c.k)
-    return llms
+def build_llms(plans: dict[str, Plan], loaded: LoadedModels) -> dict[str, LLM]:
+    """One LLM per planned configuration, all on one load: the draft-model drafter (and
+    its KV cache) is shared between k values, which run one at a time."""
+    return {label: LLM.build(plan, loaded) for label, plan in plans.items()}
 
 
 def machine(options: BenchOptions) -> dict:

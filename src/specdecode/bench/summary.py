@@ -1,6 +1,6 @@
 """Rows of a bench run -> one summary entry per (workload, temperature, configuration).
 
-Every entry holds (DESIGN section 3):
+Every entry holds (metrics as README.md's Metrics section defines them):
 - tokens_per_second: median / min / max over the prompts and repeats
   (new tokens / wall seconds, prefill included, the same for every engine);
 - speedup: median over prompts of tokens/s divided by the tokens/s of the same
