@@ -14,13 +14,15 @@ device and in float32 / bfloat16 / float16; logits come back in float32.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from specdecode import limits
-from specdecode.models.base import ForwardOutput
+from specdecode.models.base import FINAL_LAYER, ForwardOutput, check_keep, wanted_layers
 from specdecode.models.config import ModelConfig
 
 
@@ -49,6 +51,18 @@ def apply_rope(
     return x * cos + _rotate_half(x) * sin
 
 
+@dataclass
+class Span:
+    """One sequence's rows in a (possibly packed) pass: where its tokens sit in the
+    input, where they go in its cache, and their RoPE angles and attention mask."""
+
+    rows: slice  # its rows of the packed [1, N, hidden] input (t_run of them)
+    start: int  # its cached_len before the pass
+    cos: torch.Tensor  # [t_run, head_dim]
+    sin: torch.Tensor  # [t_run, head_dim]
+    mask: torch.Tensor | None  # [t_run, start + t_run] bool, True = may attend; None: causal
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -62,19 +76,31 @@ class Attention(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # [1, T, hidden]
-        cos: torch.Tensor,  # [T, head_dim]
-        sin: torch.Tensor,  # [T, head_dim]
-        mask: torch.Tensor | None,  # [T, start + T] bool, True = may attend
+        x: torch.Tensor,  # [1, N, hidden]: the rows of every span, packed
+        spans: list[Span],
+        caches: list[tuple[torch.Tensor, torch.Tensor]],  # per span: k, v caches (see _attend)
+    ) -> torch.Tensor:  # [1, N, hidden]
+        n = x.shape[1]
+        q = self.q_proj(x).view(1, n, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(1, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        outs = [self._attend(q[:, :, s.rows], k[:, :, s.rows], v[:, :, s.rows], s, *kv)
+                for s, kv in zip(spans, caches)]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # [1, heads, N, head_dim]
+        return self.o_proj(out.transpose(1, 2).reshape(1, n, -1))
+
+    def _attend(
+        self,
+        q: torch.Tensor,  # [1, heads, T, head_dim] one span's queries, before RoPE
+        k: torch.Tensor,  # [1, kv_heads, T, head_dim]
+        v: torch.Tensor,  # [1, kv_heads, T, head_dim]
+        span: Span,
         k_cache: torch.Tensor,  # [kv_heads, max_seq_len, head_dim]
         v_cache: torch.Tensor,  # [kv_heads, max_seq_len, head_dim]
-        start: int,
-    ) -> torch.Tensor:  # [1, T, hidden]
-        t = x.shape[1]
-        q = self.q_proj(x).view(1, t, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(1, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(1, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    ) -> torch.Tensor:  # [1, heads, T, head_dim]
+        """Write the span's keys/values at start.. in its cache and attend over it."""
+        t, start, mask = q.shape[2], span.start, span.mask
+        q, k = apply_rope(q, span.cos, span.sin), apply_rope(k, span.cos, span.sin)
         end = start + t
         k_cache[:, start:end] = k[0]
         v_cache[:, start:end] = v[0]
@@ -83,17 +109,15 @@ class Attention(nn.Module):
         if mask is None and start == 0 and t > 1:
             # A fresh prefill is plain causal attention, which lets SDPA skip the
             # masked half instead of reading a [T, T] mask.
-            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True,
-                                                 enable_gqa=group > 1)
-        else:
-            # Decoding / verification: fold the query heads that share a KV head into
-            # one block of rows, so that SDPA reads each cached head once (with
-            # enable_gqa it copies them `group` times: 4x slower at 2k tokens on CPU).
-            rows = q.reshape(1, self.num_kv_heads, group * t, self.head_dim)
-            out = F.scaled_dot_product_attention(
-                rows, keys, values, attn_mask=None if mask is None else mask.repeat(group, 1),
-            ).view(1, self.num_heads, t, self.head_dim)  # [1, heads, T, head_dim]
-        return self.o_proj(out.transpose(1, 2).reshape(1, t, -1))
+            return F.scaled_dot_product_attention(q, keys, values, is_causal=True,
+                                                  enable_gqa=group > 1)
+        # Decoding / verification: fold the query heads that share a KV head into
+        # one block of rows, so that SDPA reads each cached head once (with
+        # enable_gqa it copies them `group` times: 4x slower at 2k tokens on CPU).
+        rows = q.reshape(1, self.num_kv_heads, group * t, self.head_dim)
+        return F.scaled_dot_product_attention(
+            rows, keys, values, attn_mask=None if mask is None else mask.repeat(group, 1),
+        ).view(1, self.num_heads, t, self.head_dim)
 
 
 class MLP(nn.Module):
@@ -118,8 +142,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, mask, k_cache, v_cache, start):  # x: [1, T, hidden]
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, start)
+    def forward(self, x: torch.Tensor, spans: list[Span],  # x: [1, N, hidden]
+                caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), spans, caches)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -135,8 +160,38 @@ def prefill_bucket(t: int, limit: int) -> int:
     return max(t, min(limit, -(-t // step) * step))
 
 
+class KVCache:
+    """One sequence's static KV cache: per layer [kv_heads, max_seq_len, head_dim]
+    keys and values, and how many positions hold tokens."""
+
+    def __init__(self, cfg: ModelConfig, max_seq_len: int, ref: torch.Tensor) -> None:
+        shape = (cfg.num_kv_heads, max_seq_len, cfg.head_dim)
+        self.k = [torch.zeros(shape, dtype=ref.dtype, device=ref.device)
+                  for _ in range(cfg.num_layers)]
+        self.v = [torch.zeros(shape, dtype=ref.dtype, device=ref.device)
+                  for _ in range(cfg.num_layers)]
+        self.length = 0
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back to {length}: cache holds {self.length} tokens")
+        self.length = length
+
+    def keep(self, indices: Sequence[int], start: int | None) -> None:
+        """See CausalLM.keep: the rows at `indices` are copied to start.. (index_select
+        copies first, so the rows may overlap their destination)."""
+        start = check_keep(indices, start, self.length)
+        if indices:
+            idx = torch.tensor(list(indices), dtype=torch.long, device=self.k[0].device)
+            for cache in (*self.k, *self.v):
+                cache[:, start:start + len(idx)] = cache.index_select(1, idx)
+        self.length = start + len(indices)
+
+
 class Transformer(nn.Module):
-    """A `CausalLM`: decoder weights plus one sequence's static KV cache."""
+    """A `CausalLM`: decoder weights plus sequence 0's static KV cache; `sequence(i)`
+    opens more sequences (each a KVCache of max_seq_len tokens, allocated on first
+    use: limits.kv_cache_bytes per sequence, nothing for a user who never opens one)."""
 
     def __init__(
         self,
@@ -160,7 +215,6 @@ class Transformer(nn.Module):
             if cfg.tie_word_embeddings:
                 self.lm_head.weight = self.embed_tokens.weight
         self.to(dtype)
-        self._len = 0
         self._allocate_cache()
 
     # -- construction ---------------------------------------------------------
@@ -203,19 +257,17 @@ class Transformer(nn.Module):
         return model.to(device=device, dtype=dtype)
 
     def _allocate_cache(self) -> None:
-        """KV cache and RoPE tables for max_seq_len tokens, on the weights' device and
-        dtype; a ValueError first if they would not fit in the memory left."""
+        """KV cache (sequence 0) and RoPE tables for max_seq_len tokens, on the weights'
+        device and dtype; a ValueError first if they would not fit in the memory left.
+        Other sequences are dropped (their caches were for the old device/dtype)."""
         cfg, ref = self.config, self.embed_tokens.weight
         elem = ref.element_size()
         limits.check_memory(
             limits.kv_cache_bytes(cfg, self.max_seq_len, elem)
             + limits.rope_bytes(cfg, self.max_seq_len, elem),
             f"the KV cache of {self.max_seq_len} tokens", str(ref.device))
-        shape = (cfg.num_kv_heads, self.max_seq_len, cfg.head_dim)
-        self.k_cache = [torch.zeros(shape, dtype=ref.dtype, device=ref.device)
-                        for _ in range(cfg.num_layers)]
-        self.v_cache = [torch.zeros(shape, dtype=ref.dtype, device=ref.device)
-                        for _ in range(cfg.num_layers)]
+        self._cache = KVCache(cfg, self.max_seq_len, ref)
+        self._sequences: dict[int, TransformerSequence] = {}
         inv_freq = 1.0 / (cfg.rope_theta ** (
             torch.arange(0, cfg.head_dim, 2, dtype=torch.float64, device=ref.device)
             / cfg.head_dim))
@@ -227,9 +279,8 @@ class Transformer(nn.Module):
 
     def _apply(self, fn, recurse=True):  # keep cache and RoPE tables with the weights
         super()._apply(fn, recurse)
-        if hasattr(self, "k_cache"):
+        if hasattr(self, "_cache"):
             self._allocate_cache()
-            self._len = 0
         return self
 
     # -- CausalLM -------------------------------------------------------------
@@ -244,37 +295,96 @@ class Transformer(nn.Module):
 
     @property
     def cached_len(self) -> int:
-        return self._len
+        return self._cache.length
+
+    @property
+    def k_cache(self) -> list[torch.Tensor]:  # per layer [kv_heads, max_seq_len, head_dim]
+        """Sequence 0's cached keys (values: v_cache)."""
+        return self._cache.k
+
+    @property
+    def v_cache(self) -> list[torch.Tensor]:  # per layer [kv_heads, max_seq_len, head_dim]
+        return self._cache.v
 
     def rollback(self, length: int) -> None:
-        if not 0 <= length <= self._len:
-            raise ValueError(f"cannot roll back to {length}: cache holds {self._len} tokens")
-        self._len = length
+        self._cache.rollback(length)
 
-    def prefill(self, ids: torch.Tensor) -> ForwardOutput:  # ids: [T] int64
-        self._len = 0
-        return self.forward(ids, last_n=1)
+    def keep(self, indices: Sequence[int], *, start: int | None = None) -> None:
+        """See CausalLM.keep. Keys were rotated (RoPE) with the positions given at
+        forward time and are not rotated again: the token at indices[j] must have
+        been run at position start + j (a tree node's depth below the prefix)."""
+        self._cache.keep(indices, start)
 
-    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor, *, hidden_layers: Sequence[int] = ()
+                ) -> ForwardOutput:  # ids: [T] int64
+        self._cache.length = 0
+        return self.forward(ids, last_n=1, hidden_layers=hidden_layers)
+
     def forward(
         self,
         ids: torch.Tensor,  # [T] int64
         *,
         last_n: int | None = None,
+        hidden_layers: Sequence[int] = (),
         return_hidden: bool = False,
         positions: torch.Tensor | None = None,  # [T] int64
         tree_mask: torch.Tensor | None = None,  # [T, T] bool
     ) -> ForwardOutput:
-        t, start = ids.shape[0], self._len
+        layers = wanted_layers(hidden_layers, return_hidden, len(self.layers))
+        return self._run([(self._cache, ids, positions, tree_mask)], last_n, layers)[0]
+
+    def sequence(self, index: int) -> Transformer | TransformerSequence:
+        """Sequence `index`: 0 is this model; others get their own KV cache of
+        max_seq_len tokens when first opened (memory checked first), kept until
+        the weights move (`.to`)."""
+        if index == 0:
+            return self
+        if index < 0:
+            raise ValueError(f"sequence index {index} must be >= 0")
+        if index not in self._sequences:
+            ref = self.embed_tokens.weight
+            limits.check_memory(limits.kv_cache_bytes(self.config, self.max_seq_len,
+                                                      ref.element_size()),
+                                f"the KV cache of sequence {index}", str(ref.device))
+            cache = KVCache(self.config, self.max_seq_len, ref)
+            self._sequences[index] = TransformerSequence(self, index, cache)
+        return self._sequences[index]
+
+    def forward_many(
+        self, items: Sequence[tuple[Transformer | TransformerSequence, torch.Tensor]],
+        *, last_n: int | None = None, hidden_layers: Sequence[int] = (),
+    ) -> list[ForwardOutput]:  # items: (handle, ids [T_i] int64)
+        """See CausalLM.forward_many: one pass whose linear layers read the weights once
+        for the tokens of all items; attention runs per sequence over its own cache.
+        A fresh prompt is padded to its bucket as alone (see prefill_bucket), so prompts
+        get bit-identical logits; other passes round as a pass of another shape does
+        (float32, SmolLM2-135M: up to 7e-5 on logits up to 35, as a 3-token pass
+        against three 1-token passes of one sequence)."""
+        caches = [self._cache_of(handle) for handle, _ in items]
+        if len({id(c) for c in caches}) != len(caches):
+            raise ValueError("forward_many: each sequence may appear once")
+        layers = wanted_layers(hidden_layers, False, len(self.layers))
+        return self._run([(c, ids, None, None) for c, (_, ids) in zip(caches, items)],
+                         last_n, layers)
+
+    def _cache_of(self, handle: object) -> KVCache:
+        if handle is self:
+            return self._cache
+        if isinstance(handle, TransformerSequence) and handle.model is self:
+            return handle._cache
+        raise ValueError("forward_many: every handle must be a sequence of this model")
+
+    # -- the pass ---------------------------------------------------------------
+
+    def _span(self, cache: KVCache, t: int, offset: int, t_run: int,
+              positions: torch.Tensor | None,  # [T] int64
+              tree_mask: torch.Tensor | None,  # [T, T] bool
+              ) -> Span:
+        """One sequence's Span: t new tokens (run as t_run rows) at rows offset.. ."""
+        start = cache.length
         if start + t > self.max_seq_len:
             raise ValueError(
                 f"{start + t} tokens exceed the context limit of {self.max_seq_len}")
-        ids = ids.to(self.device)
-        if start == 0 and t > 1 and positions is None and tree_mask is None:
-            # A fresh prompt runs at a bucketed length (see prefill_bucket): the padding
-            # comes after it, so causal attention keeps it out of the prompt's rows.
-            ids = torch.cat((ids, ids.new_zeros(prefill_bucket(t, self.max_seq_len) - t)))
-        t_run = ids.shape[0]
         if positions is None:
             cos, sin = self.rope_cos[start:start + t_run], self.rope_sin[start:start + t_run]
         else:
@@ -285,11 +395,110 @@ class Transformer(nn.Module):
                 t, t, dtype=torch.bool, device=self.device).tril_()
             mask = torch.cat((torch.ones(t, start, dtype=torch.bool, device=self.device),
                               block.to(self.device)), dim=1)  # [T, start + T]
-        x = self.embed_tokens(ids)[None]  # [1, T, hidden]
-        for layer, k_cache, v_cache in zip(self.layers, self.k_cache, self.v_cache):
-            x = layer(x, cos, sin, mask, k_cache, v_cache, start)
-        self._len = start + t  # the padding's keys/values are overwritten as tokens come
-        x = x[0, :t] if last_n is None else x[0, t - last_n:t]
-        hidden = self.norm(x)  # [n, hidden]
+        return Span(slice(offset, offset + t_run), start, cos, sin, mask)
+
+    @torch.inference_mode()
+    def _run(
+        self,
+        jobs: list[tuple[KVCache, torch.Tensor, torch.Tensor | None, torch.Tensor | None]],
+        last_n: int | None,
+        layers: tuple[int, ...],
+    ) -> list[ForwardOutput]:
+        """One pass over the new tokens of each job (cache, ids [T] int64, positions [T]
+        int64 | None, tree_mask [T, T] bool | None), packed in one row block."""
+        runs, spans, offset = [], [], 0
+        for cache, ids, positions, tree_mask in jobs:
+            t = ids.shape[0]
+            if last_n is not None and not 0 <= last_n <= t:
+                raise ValueError(f"last_n={last_n} must be in 0..{t}")
+            ids = ids.to(self.device)
+            if (cache.length == 0 and t > 1 and positions is None
+                    and tree_mask is None and t <= self.max_seq_len):
+                # A fresh prompt runs at a bucketed length (see prefill_bucket): the padding
+                # comes after it, so causal attention keeps it out of the prompt's rows
+                # (and packed with others, the prompt runs as the same shapes as alone).
+                ids = torch.cat((ids, ids.new_zeros(prefill_bucket(t, self.max_seq_len) - t)))
+            spans.append(self._span(cache, t, offset, ids.shape[0], positions, tree_mask))
+            runs.append(ids)
+            offset += ids.shape[0]
+        rows = [_last_rows(s, ids.shape[0], last_n) for s, (_, ids, _, _) in zip(spans, jobs)]
+        packed = runs[0] if len(runs) == 1 else torch.cat(runs)  # [N] int64
+        x = self.embed_tokens(packed)[None]  # [1, N, hidden]
+        kept: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            x = layer(x, spans, [(c.k[i], c.v[i]) for c, *_ in jobs])
+            if i in layers:
+                kept[i] = _take(x[0], rows).clone()  # not a view keeping all N rows
+        for (cache, ids, _, _) in jobs:  # the padding's keys/values are overwritten as tokens come
+            cache.length += ids.shape[0]
+        hidden = self.norm(_take(x[0], rows))  # [n, hidden]
         logits = self.lm_head(hidden).float()  # [n, vocab]
-        return ForwardOutput(logits, hidden if return_hidden else None)
+        if FINAL_LAYER in layers:
+            kept[FINAL_LAYER] = hidden
+        return _split(logits, kept, [r.stop - r.start for r in rows])
+
+
+class TransformerSequence:
+    """A handle on one more sequence of a Transformer: its own KVCache on the same
+    weights, with the CausalLM methods of the model itself (see Transformer.sequence)."""
+
+    def __init__(self, model: Transformer, index: int, cache: KVCache) -> None:
+        self.model, self.index, self._cache = model, index, cache
+        self.vocab_size, self.max_seq_len = model.vocab_size, model.max_seq_len
+        self.eos_token_ids = model.eos_token_ids
+
+    device = property(lambda self: self.model.device)
+    dtype = property(lambda self: self.model.dtype)
+    cached_len = property(lambda self: self._cache.length)
+
+    def rollback(self, length: int) -> None:
+        self._cache.rollback(length)
+
+    def keep(self, indices: Sequence[int], *, start: int | None = None) -> None:
+        self._cache.keep(indices, start)
+
+    def prefill(self, ids: torch.Tensor, *, hidden_layers: Sequence[int] = ()
+                ) -> ForwardOutput:  # ids: [T] int64
+        self._cache.length = 0
+        return self.forward(ids, last_n=1, hidden_layers=hidden_layers)
+
+    def forward(self, ids: torch.Tensor, *, last_n: int | None = None,  # ids: [T] int64
+                hidden_layers: Sequence[int] = (), return_hidden: bool = False,
+                positions: torch.Tensor | None = None,  # [T] int64
+                tree_mask: torch.Tensor | None = None,  # [T, T] bool
+                ) -> ForwardOutput:
+        layers = wanted_layers(hidden_layers, return_hidden, len(self.model.layers))
+        return self.model._run([(self._cache, ids, positions, tree_mask)], last_n, layers)[0]
+
+    def sequence(self, index: int) -> Transformer | TransformerSequence:
+        return self.model.sequence(index)
+
+    def forward_many(
+        self, items: Sequence[tuple[Transformer | TransformerSequence, torch.Tensor]],
+        *, last_n: int | None = None, hidden_layers: Sequence[int] = (),
+    ) -> list[ForwardOutput]:  # items: (handle, ids [T_i] int64)
+        return self.model.forward_many(items, last_n=last_n, hidden_layers=hidden_layers)
+
+    def __repr__(self) -> str:
+        return f"TransformerSequence({self.index}, cached_len={self.cached_len})"
+
+
+def _last_rows(span: Span, t: int, last_n: int | None) -> slice:
+    """The rows (of the packed input) of the span's last last_n real tokens."""
+    first = span.rows.start
+    return slice(first + t - (t if last_n is None else last_n), first + t)
+
+
+def _take(x: torch.Tensor, rows: list[slice]) -> torch.Tensor:  # x: [N, hidden]
+    """The given rows of x, in order (one span: a view, as before packing)."""
+    return x[rows[0]] if len(rows) == 1 else torch.cat([x[r] for r in rows])
+
+
+def _split(logits: torch.Tensor,  # [n, vocab]
+           hidden: dict[int, torch.Tensor],  # layer -> [n, hidden]
+           sizes: list[int]) -> list[ForwardOutput]:
+    """One ForwardOutput per span, of its `sizes[i]` rows."""
+    if len(sizes) == 1:
+        return [ForwardOutput(logits, hidden_states=dict(hidden))]
+    parts = [logits.split(sizes)] + [h.split(sizes) for h in hidden.values()]
+    return [ForwardOutput(p[0], hidden_states=dict(zip(hidden, p[1:]))) for p in zip(*parts)]
