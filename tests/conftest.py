@@ -42,7 +42,8 @@ class OracleDrafter:
     def begin(self, prompt_ids, params, generator) -> None:
         self.step = 0
 
-    def propose(self, context: list[int], k: int) -> Draft:
+    def propose(self, ctx) -> Draft:
+        context, k = ctx.tokens, ctx.k
         assert context == self.truth[: len(context)], "context left the greedy path"
         right = self.truth[len(context) : len(context) + k]
         n_right = self.script[self.step] if self.script else 0

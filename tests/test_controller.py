@@ -50,13 +50,14 @@ class TimedDrafter(OracleDrafter):
         self.clock, self.per_token, self.calls = clock, per_token, 0
         self.timing = (1, 0.0, 0, 0.0)
 
-    def propose(self, context, k):
+    def propose(self, ctx):
+        k = ctx.k
         self.calls += 1
         self.clock.now += self.per_token * k
         self.timing = (1, self.per_token, k - 1, self.per_token * (k - 1))
         if self.step >= len(self.script):
             self.script = self.script + [self.script[-1]] * 100
-        return super().propose(context, k)
+        return super().propose(ctx)
 
 
 def test_buckets_and_bands():
@@ -174,7 +175,8 @@ def test_hybrid_uses_free_drafts_where_they_match_and_the_model_elsewhere(target
     class Alternating(OracleDrafter):
         name = "lookup"
 
-        def propose(self, context, k):
+        def propose(self, ctx):
+            context, k = ctx.tokens, ctx.k
             self.step += 1
             if self.step % 2:
                 return Draft(torch.tensor(truth[len(context):len(context) + k]))
@@ -208,11 +210,13 @@ def test_a_request_keeps_learnt_costs_and_pauses_but_not_acceptance(target):
     learnt = controller.cost_model(10).c(9)
     assert learnt == pytest.approx(25.0)
     paused, failures = controller.slots[0].paused, controller.slots[0].failures
-    controller.slots[0].policy.observe(8, 0)
-    controller.begin()
+    control = controller.begin()
+    control.policy(0).observe(8, 0)
+    assert control.policy(0).acceptance(1) != [0.9]
+    control = controller.begin()
     slot = controller.slots[0]
-    assert (slot.paused, slot.failures) == (paused, failures) and slot.policy.acceptance(1) == [
-        0.9]
+    assert (slot.paused, slot.failures) == (paused, failures) and control.policy(0).acceptance(
+        1) == [0.9]
     assert controller.cost_model(10).c(9) == learnt
 
 
@@ -295,7 +299,8 @@ class TwoKinds(OracleDrafter):
 
     name = "lookup"
 
-    def propose(self, context, k):
+    def propose(self, ctx):
+        context, k = ctx.tokens, ctx.k
         self.step += 1
         right = self.truth[len(context):len(context) + k]
         if self.step % 2:
@@ -304,26 +309,30 @@ class TwoKinds(OracleDrafter):
 
 
 def _kinds_run(target, clock, controller, prompt, truth, n):
+    """One request through the step API; returns it (its stats and its control)."""
     timed = TimedTarget(target, clock, lambda b: 1.0 + 0.5 * (b - 1))
     decoder = SpeculativeDecoder(timed, k=4, controller=controller, clock=clock)
-    out = _run(decoder, prompt, n)
-    assert out.token_ids == truth[len(prompt):len(prompt) + n]
-    return out
+    request = decoder.start(prompt, SamplingParams(max_tokens=n, ignore_eos=True))
+    while not decoder.step(request).finish_reason:
+        pass
+    assert request.output == truth[len(prompt):len(prompt) + n]
+    return request
 
 
 def test_acceptance_is_estimated_per_kind_of_draft(target):
     """Wrong kind-1 drafts stop being verified, right kind-4 drafts keep being verified
-    in the same request; one estimate for both (all kind 0) verifies the wrong ones
-    longer or the right ones less."""
+    in the same request (one estimate for both would verify the wrong ones longer or
+    the right ones less)."""
     prompt = [6, 1, 8]
     truth = prompt + plain_greedy(target, prompt, 200)
     prior = CostModel({1: 1.0, 2: 1.5, 5: 3.0})
     slot = Slot(TwoKinds(truth, target.vocab_size), LengthPolicy(prior), costly=False)
-    out = _kinds_run(target, Clock(), Controller([slot], prior, online=False), prompt, truth,
-                     120)
-    late = out.stats.drafted_per_step[10:]
-    assert sum(late) > 0 and out.stats.drafted - out.stats.accepted <= 6
-    assert slot.policy_for(1).acceptance(1)[0] < 0.2 < 0.8 < slot.policy_for(4).acceptance(1)[0]
+    request = _kinds_run(target, Clock(), Controller([slot], prior, online=False), prompt,
+                         truth, 120)
+    stats, control = request.stats, request.control
+    assert sum(stats.drafted_per_step[10:]) > 0 and stats.drafted - stats.accepted <= 6
+    assert control.policy(0, 1).acceptance(1)[0] < 0.2 < 0.8 < control.policy(0, 4).acceptance(
+        1)[0]
 
 
 def test_a_junk_kind_starts_the_next_request_pessimistic_a_good_one_at_the_prior(target):
@@ -336,9 +345,9 @@ def test_a_junk_kind_starts_the_next_request_pessimistic_a_good_one_at_the_prior
     slot = Slot(TwoKinds(truth, target.vocab_size), LengthPolicy(prior), costly=False)
     controller = Controller([slot], prior, online=False)
     _kinds_run(target, Clock(), controller, prompt, truth, 60)
-    controller.begin()
-    junk, good = slot.policy_for(1).acceptance(2), slot.policy_for(4).acceptance(2)
+    control = controller.begin()
+    junk, good = control.policy(0, 1).acceptance(2), control.policy(0, 4).acceptance(2)
     assert junk[0] < 0.3 and good == [0.9, 0.9]  # (junk drafts never reach position 2)
-    out = _kinds_run(target, Clock(), controller, prompt, truth, 60)
-    assert out.stats.drafted_per_step[0] == 0  # the first (kind-1) draft: not verified
-    assert slot.policy.carry_over is False  # kind 0 (one kind only) is not carried
+    request = _kinds_run(target, Clock(), controller, prompt, truth, 60)
+    assert request.stats.drafted_per_step[0] == 0  # the first (kind-1) draft: not verified
+    assert control.policy(0).carry_over is False  # kind 0 (one kind only) is not carried

@@ -64,7 +64,8 @@ class RandomTokenDrafter:
     def begin(self, prompt_ids, params, generator):
         self.generator = generator
 
-    def propose(self, context, k):
+    def propose(self, ctx):
+        k = ctx.k
         return Draft(torch.randint(0, V, (k,), generator=self.generator))
 
     def observe(self, num_accepted):

@@ -8,10 +8,11 @@ import torch
 from conftest import tiny
 from specdecode import DraftModelDrafter, NgramDrafter, SamplingParams
 from specdecode.drafters import VocabularyMismatch
+from specdecode.drafters.base import DraftContext
 
 
 def propose(drafter, context, k):
-    return drafter.propose(context, k).tokens.tolist()
+    return drafter.propose(DraftContext(context, k)).tokens.tolist()
 
 
 def start(drafter, prompt):
@@ -70,8 +71,9 @@ def test_draft_model_vocabulary_mismatch_is_a_clear_error():
         DraftModelDrafter(small, target)
     # Padding only: allowed when the caller states the shared vocabulary.
     drafter = DraftModelDrafter(small, target, shared_vocab_size=200)
-    drafter.begin([1, 2], SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
-    draft = drafter.propose([1, 2, 3], 3)
+    params, generator = SamplingParams(temperature=1.0), torch.Generator().manual_seed(0)
+    drafter.begin([1, 2], params, generator)
+    draft = drafter.propose(DraftContext([1, 2, 3], 3, params, generator))
     assert draft.q.shape == (3, 256) and float(draft.q[:, 200:].sum()) == 0.0
     assert all(t < 200 for t in draft.tokens.tolist())
     with pytest.raises(VocabularyMismatch, match="does not fit"):
@@ -82,5 +84,5 @@ def test_draft_model_respects_its_context_limit():
     target = tiny(1)
     drafter = DraftModelDrafter(tiny(1, max_seq_len=8), target)
     start(drafter, [1])
-    assert len(drafter.propose(list(range(1, 7)), 5)) == 3  # 6 + 3 - 1 = 8 fits
-    assert len(drafter.propose(list(range(1, 10)), 5)) == 0
+    assert len(drafter.propose(DraftContext(list(range(1, 7)), 5))) == 3  # 6 + 3 - 1 = 8 fits
+    assert len(drafter.propose(DraftContext(list(range(1, 10)), 5))) == 0

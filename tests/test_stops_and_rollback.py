@@ -104,8 +104,9 @@ class CheckedDraftModelDrafter(DraftModelDrafter):
 
     checks = 0
 
-    def propose(self, context, k):
-        draft = super().propose(context, k)
+    def propose(self, ctx):
+        context = ctx.tokens
+        draft = super().propose(ctx)
         model = self.model
         assert model.cached_len == len(self._cached)
         assert self._cached == context + draft.tokens.tolist()[: max(len(draft) - 1, 0)]

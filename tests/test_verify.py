@@ -134,7 +134,8 @@ class FixedDrafter:
     def begin(self, prompt_ids, params, generator):
         pass
 
-    def propose(self, context, k):
+    def propose(self, ctx):
+        k = ctx.k
         return Draft(torch.tensor(self.tokens[:k], dtype=torch.long))
 
     def observe(self, num_accepted):

@@ -104,7 +104,8 @@ class NgramModRule:
     def begin(self, prompt_ids, params, generator) -> None:
         self._next, self._indexed = {}, 0
 
-    def propose(self, context: list[int], k: int) -> Draft:
+    def propose(self, ctx) -> Draft:
+        context, k = ctx.tokens, ctx.k
         n = self.n_match
         for i in range(self._indexed, len(context) - n):
             self._next[tuple(context[i:i + n])] = context[i + n]

@@ -9,14 +9,22 @@ applies exact rejection sampling (sampling). Public API:
     from specdecode.drafters import DraftModelDrafter, NgramDrafter
 """
 
-from specdecode.drafters import Draft, Drafter, DraftModelDrafter, NgramDrafter
-from specdecode.engine import GenerationResult, SpeculativeDecoder, StepEvent
+from specdecode.drafters import (
+    BaseDrafter,
+    Draft,
+    DraftContext,
+    Drafter,
+    DraftModelDrafter,
+    NgramDrafter,
+)
+from specdecode.engine import GenerationResult, Request, SpeculativeDecoder, StepEvent
 from specdecode.sampling import SamplingParams, logits_to_probs
 from specdecode.stats import SpecStats
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Draft", "Drafter", "DraftModelDrafter", "GenerationResult", "NgramDrafter",
-    "SamplingParams", "SpecStats", "SpeculativeDecoder", "StepEvent", "logits_to_probs",
+    "BaseDrafter", "Draft", "DraftContext", "Drafter", "DraftModelDrafter", "GenerationResult",
+    "NgramDrafter", "Request", "SamplingParams", "SpecStats", "SpeculativeDecoder", "StepEvent",
+    "logits_to_probs",
 ]

@@ -26,7 +26,9 @@ for their observed seconds, pause it (no proposals, no catch-up) for 16, 64,
 256, ... steps, after which it is probed again from its optimistic prior.
 Pauses outlive requests (a drafter that does not pay for this pair on this
 machine is not re-tried at full length by every request); acceptance
-estimates do not (speclen.LengthPolicy.begin).
+estimates belong to the request (`Control`, from `Controller.begin`), per
+drafter and kind of draft (Draft.kind), and only a kind's pessimistic
+estimates are carried to the next request (speclen.LengthPolicy.begin).
 
 Nothing here changes what is emitted: the controller only chooses the draft
 the verifier sees, and every verifier is lossless for any draft.
@@ -39,11 +41,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from specdecode.drafters.base import Draft, Drafter
+from specdecode.drafters.base import Draft, DraftContext, Drafter
 from specdecode.speclen import CostModel, LengthPolicy, best_length, rate_at
 
-ProposeFn = Callable[[Drafter, list[int], int], Draft]
-"""(drafter, context, k) -> the drafter's draft of at most k tokens (stops applied)."""
+ProposeFn = Callable[[Drafter, DraftContext], Draft]
+"""(drafter, context) -> the drafter's draft of at most context.k tokens (stops applied)."""
 
 MIN_OBSERVATIONS = 3  # a median of fewer is not trusted over the prior
 HORIZON = 512  # passes after which an observation of a pass no longer counts
@@ -198,11 +200,13 @@ class OnlineCosts:
 
 @dataclass
 class Slot:
-    """One drafter under control: its length policy and, if costly, its pause state.
+    """One drafter under control: its policy settings and, if costly, its pause state.
 
-    A costly slot's `recent` holds (tokens emitted, cost in plain steps) of its
-    last few verified steps (cleared at a pause): what it realised, judged
-    against the rate of plain steps (1)."""
+    `policy` is the template of each request's estimates (its costs, prior,
+    decay); requests get their own (`Control`). A costly slot's `recent` holds
+    (tokens emitted, cost in plain steps) of its last few verified steps
+    (cleared at a pause): what it realised, judged against plain steps (1).
+    Machine-level, shared by requests: pauses, `recent`, `carried`."""
 
     drafter: Drafter
     policy: LengthPolicy
@@ -211,26 +215,21 @@ class Slot:
     paused: int = 0  # steps left before the next probe
     probing: bool = True  # a costly slot's next draft is a one-token probe
     recent: deque = field(default_factory=lambda: deque(maxlen=3))
-    kinds: dict[int, LengthPolicy] = field(default_factory=dict)  # kind > 0 -> its policy
+    carried: dict[int, list[float]] = field(default_factory=dict)  # kind -> last estimates
+    epoch: int = 0  # probes started so far: a request's estimates restart at a new one
 
     @property
     def name(self) -> str:
         return getattr(self.drafter, "name", type(self.drafter).__name__)
 
-    def policy_for(self, kind: int) -> LengthPolicy:
-        """The acceptance estimates of one kind of draft (Draft.kind): kind 0 is
-        `policy`; others start as copies of its settings, carrying over
-        pessimistic estimates across requests (LengthPolicy.carry_over)."""
-        if kind == 0:
-            return self.policy
-        if kind not in self.kinds:
-            p = self.policy
-            self.kinds[kind] = LengthPolicy(p.costs, p.prior, p.decay, p.pool_from,
-                                            carry_over=True)
-        return self.kinds[kind]
-
-    def policies(self) -> list[LengthPolicy]:
-        return [self.policy, *self.kinds.values()]
+    def fresh_policy(self, kind: int) -> LengthPolicy:
+        """A request's estimates of one kind of draft: kind 0 from the prior; other
+        kinds carry over the last request's pessimistic estimates (carry_over)."""
+        p = self.policy
+        policy = LengthPolicy(p.costs, p.prior, p.decay, p.pool_from, carry_over=kind > 0)
+        if kind in self.carried:
+            policy.begin(self.carried[kind])
+        return policy
 
     def pause(self) -> None:
         """Sit out FIRST_PAUSE steps, PAUSE_GROWTH times longer at each pause in a row."""
@@ -243,10 +242,41 @@ class Slot:
         if self.paused > 0:
             self.paused -= 1
             if self.paused == 0:  # probe again, from the optimistic prior
-                self.policy.begin()
+                self.epoch += 1
                 self.probing = True
             return False
         return True
+
+
+class Control:
+    """One request's side of a controller: acceptance estimates per slot and kind.
+
+    From `Controller.begin`; `finish` hands the carried estimates back to the
+    slots. Two requests interleaved step by step each keep their own."""
+
+    def __init__(self, slots: Sequence[Slot]) -> None:
+        self.slots = list(slots)
+        self._policies: list[dict[int, LengthPolicy]] = [{} for _ in self.slots]
+        self._epochs = [slot.epoch for slot in self.slots]
+
+    def policy(self, i: int, kind: int = 0) -> LengthPolicy:
+        """The estimates of slot i's drafts of this kind (made on first use)."""
+        if self._epochs[i] != self.slots[i].epoch:  # a paused drafter is probed anew
+            self._policies[i], self._epochs[i] = {}, self.slots[i].epoch
+        table = self._policies[i]
+        if kind not in table:
+            table[kind] = self.slots[i].fresh_policy(kind)
+        return table[kind]
+
+    def policies(self, i: int) -> list[LengthPolicy]:
+        return list(self._policies[i].values())
+
+    def finish(self) -> None:
+        """The request ended: each kind that carries over leaves its estimates."""
+        for slot, table in zip(self.slots, self._policies, strict=True):
+            for kind, policy in table.items():
+                if policy.carry_over:
+                    slot.carried[kind] = policy.acceptance(policy.pool_from)
 
 
 @dataclass
@@ -258,6 +288,7 @@ class Plan:
     costs: CostModel | None = None
     length: int = 0  # a costly drafter's length to ask for (0: the draft is final)
     k: int = 0  # the most the step could have drafted
+    policy: LengthPolicy | None = None  # the estimates the draft was priced with
 
 
 class Controller:
@@ -285,42 +316,43 @@ class Controller:
     def drafters(self) -> list[Drafter]:
         return [slot.drafter for slot in self.slots]
 
-    def begin(self) -> None:
-        """A new request: acceptance estimates back to their priors; learnt costs and
-        pauses stay (they are about the machine and the pair, not the request)."""
-        for slot in self.slots:
-            for policy in slot.policies():
-                policy.begin()
+    def begin(self) -> Control:
+        """A new request's control: acceptance estimates from their priors (and the
+        pessimistic carry-over); learnt costs and pauses are the controller's (they
+        are about the machine and the pair, not the request)."""
+        return Control(self.slots)
 
     def cost_model(self, context_len: int) -> CostModel:
         return self.prior if self.costs is None else self.costs.model(context_len)
 
-    def plan(self, context: list[int], k: int, propose: ProposeFn) -> Plan:
-        """The draft for the step after `context` (at most k tokens; may be empty)."""
+    def plan(self, control: Control, ctx: DraftContext, propose: ProposeFn) -> Plan:
+        """The draft for the step after ctx.tokens (at most ctx.k tokens; may be empty)."""
+        context, k = ctx.tokens, ctx.k
         costs = self.cost_model(len(context))
         best, best_rate = Plan(Draft.empty(), None, costs, 0, k), 1.0
         if k <= 0:
             return best
-        for slot in self.slots:
-            slot.policy.costs = costs
+        for i, slot in enumerate(self.slots):
             if slot.costly:
-                length, rate = self._price_costly(slot, context, k, costs)
-                option = Plan(Draft.empty(), slot, costs, length, k)
+                policy = control.policy(i)
+                policy.costs = costs
+                length, rate = self._price_costly(slot, policy, context, k, costs)
+                option = Plan(Draft.empty(), slot, costs, length, k, policy)
             else:
-                for policy in slot.policies():
+                for policy in control.policies(i):
                     policy.resolve(context)
-                draft = propose(slot.drafter, context, k)
-                policy = slot.policy_for(draft.kind)
+                draft = propose(slot.drafter, ctx)
+                policy = control.policy(i, draft.kind)
                 policy.costs = costs
                 policy.watch(len(context), draft.tokens.tolist())
                 length, rate = self._price_free(policy, draft, costs, len(context))
-                option = Plan(draft.truncate(length), slot, costs, 0, k)
+                option = Plan(draft.truncate(length), slot, costs, 0, k, policy)
             if length and rate > best_rate + 1e-9:
                 best, best_rate = option, rate
         if self._measure_plain(best, best_rate, len(context)):
             return Plan(Draft.empty(), None, costs, 0, k)
         if best.length:  # a costly drafter won: now pay for its draft
-            best.draft = propose(best.slot.drafter, context, best.length)
+            best.draft = propose(best.slot.drafter, ctx.with_k(best.length))
         return best
 
     def _price_free(self, policy: LengthPolicy, draft: Draft, costs: CostModel,
@@ -347,15 +379,15 @@ class Controller:
             return False
         return best.slot.costly or rate < MEASURE_BELOW
 
-    def _price_costly(self, slot: Slot, context: list[int], k: int, costs: CostModel
-                      ) -> tuple[int, float]:
+    def _price_costly(self, slot: Slot, policy: LengthPolicy, context: list[int], k: int,
+                      costs: CostModel) -> tuple[int, float]:
         """(length, rate) of asking this costly drafter now; (0, 0) while paused. A
         probe is taken where the best length would pay, but asks for one token."""
         if not slot.tick():
             return 0, 0.0
         pending = getattr(slot.drafter, "pending", None)
         catchup = max(0, (pending(context) if pending else 1) - 1) * costs.catchup_per_token
-        length, rate = best_length(costs, slot.policy.acceptance(k), k, overhead=catchup)
+        length, rate = best_length(costs, policy.acceptance(k), k, overhead=catchup)
         return (min(length, 1) if slot.probing else length), rate
 
     def observe(self, plan: Plan, accepted: int, draft_seconds: float, verify_seconds: float,
@@ -367,7 +399,7 @@ class Controller:
         slot = plan.slot
         if slot is None or not slot.costly or not len(plan.draft):
             return
-        slot.policy.observe(len(plan.draft), accepted)
+        plan.policy.observe(len(plan.draft), accepted)
         self._observe_draft_costs(slot)
         if slot.probing:
             slot.probing = False
@@ -400,7 +432,7 @@ class Controller:
             self.costs.observe_catchup(fed - 1, max(0.0, first - rest / rest_tokens))
 
     def describe(self, k: int, context_len: int = 0) -> str:
-        """One line: the options now and their predicted rates."""
+        """One line: the options now (at their priors) and their predicted rates."""
         costs = self.cost_model(context_len)
         parts = []
         for slot in self.slots:

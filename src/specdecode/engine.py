@@ -19,35 +19,78 @@ max_tokens -> context limit. The stop token itself is part of the output.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from specdecode.controller import Controller, Plan
-from specdecode.drafters.base import Draft, Drafter
+from specdecode.controller import Control, Controller, Plan
+from specdecode.drafters.base import Draft, DraftContext, Drafter, TargetOutput
 from specdecode.models.base import CausalLM
-from specdecode.sampling import (
-    SamplingParams,
-    logits_to_probs,
-    position_uniform,
-    request_key,
-)
+from specdecode.sampling import SamplingParams, request_key
 from specdecode.speclen import LengthPolicy
 from specdecode.stats import SpecStats
-from specdecode.verify import VerifyResult, greedy_verify, match_sample, rejection_sample
+from specdecode.verify import (
+    RejectionSampler,
+    Verifier,
+    VerifierFactory,
+    VerifyResult,
+    make_verifier,
+    rejection_sample,
+)
 
 StopHook = Callable[[list[int]], bool]
 """Called with all output token ids after each emitted token; True stops there
 (finish_reason "stop"). Stop strings plug in here through a tokenizer."""
 
-RejectionSampler = Callable[
-    [torch.Tensor, torch.Tensor, "torch.Tensor | None", "torch.Generator | None"], VerifyResult]
+
+class _Holder:
+    """A request's mark on the target whose cache holds its tokens."""
+
+
+_CACHE_HOLDER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> _Holder
+
+
+@dataclass
+class Request:
+    """Everything one request owns while it decodes (the decoder holds none of it).
+
+    From `SpeculativeDecoder.start`; `step` advances it. context: prompt +
+    output so far (its last token is pending: not yet in the target's cache).
+    control: the request's controller state (None: no controller). verifier:
+    chosen once from params. last / target_out: the previous step's
+    verification and the target's outputs at its accepted positions (for the
+    drafters' context). finish_reason: set when it has ended."""
+
+    prompt: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    key: int  # with the position, seeds each target draw (sampling.position_uniform)
+    stops: set[int]
+    stop_hook: StopHook | None
+    verifier: Verifier
+    controller: Controller | None
+    control: Control | None
+    context: list[int]
+    output: list[int] = field(default_factory=list)
+    stats: SpecStats = field(default_factory=SpecStats)
+    started: float = 0.0
+    last: VerifyResult | None = None
+    target_out: TargetOutput | None = None
+    finish_reason: str | None = None
+    finished: bool = False  # the drafters' and controller's finish hooks have run
+    token: _Holder = field(default_factory=lambda: _Holder())  # marks the target's cache
+
+    def draft_context(self, k: int) -> DraftContext:
+        return DraftContext(self.context, k, self.params, self.generator, len(self.prompt),
+                            self.last, self.target_out)
 
 
 @dataclass
 class StepEvent:
-    """Tokens emitted by one step; finish_reason is set on the last event."""
+    """Tokens emitted by one step; finish_reason is set on the last event. stats: the
+    request's running totals (the same object at every step of one request)."""
 
     token_ids: list[int]
     finish_reason: str | None
@@ -74,10 +117,15 @@ class SpeculativeDecoder:
     observed costs and acceptance (it may choose a plain step); `length_policy`
     is the shorthand for a controller of `drafter` alone that decides with the
     policy's fixed costs. Without either, always k draft tokens (fewer only when
-    the drafter has fewer). With a seed, a sample is the same with speculation
-    on or off when the drafter gives no q (n-gram lookup): every target token is
-    drawn with its position's uniform number (verify.match_sample);
-    `rejection_sampler` verifies drafts that carry q.
+    the drafter has fewer). Each request's verifier comes from `verifier`
+    (verify.make_verifier: greedy, or sampling: with a seed, a sample is the
+    same with speculation on or off when the drafter gives no q; drafts with q
+    go through `rejection_sampler`).
+
+    Per-request state lives in `Request` (from `start`), so requests can be
+    interleaved step by step; each request's tokens must then be in the
+    target's cache when it steps: the decoder re-prefills a request whose
+    cache another request has overwritten (a second sequence handle avoids it).
     """
 
     def __init__(
@@ -88,6 +136,7 @@ class SpeculativeDecoder:
         *,
         eos_token_ids: Sequence[int] | None = None,
         rejection_sampler: RejectionSampler = rejection_sample,
+        verifier: VerifierFactory | None = None,
         length_policy: LengthPolicy | None = None,
         controller: Controller | None = None,
         clock: Callable[[], float] = time.perf_counter,
@@ -100,32 +149,13 @@ class SpeculativeDecoder:
         self.target, self.drafter, self.k = target, drafter, k
         self.eos_token_ids = tuple(
             target.eos_token_ids if eos_token_ids is None else eos_token_ids)
-        self.rejection_sampler = rejection_sampler
+        self.verifier = verifier or (
+            lambda params, key, gen: make_verifier(params, key, gen, rejection_sampler))
         self.length_policy = length_policy
         self._controller, self.clock = controller, clock
 
     @property
     def controller(self) -> Controller | None:
-        return self._controller
-
-    def _begin(self, prompt: list[int], params: SamplingParams,
-               generator: torch.Generator) -> Controller | None:
-        """Prefill all but the prompt's last token; start the drafters and the
-        controller on the request; returns the request's controller."""
-        self.target.rollback(0)
-        if len(prompt) > 1:
-            self.target.prefill(torch.tensor(prompt[:-1], dtype=torch.long))
-        for drafter in self.drafters:
-            drafter.begin(prompt, params, generator)
-        controller = self._request_controller()
-        if controller is not None:
-            controller.begin()
-        return controller
-
-    def _request_controller(self) -> Controller | None:
-        """The controller of this request (a length policy: one over `drafter` alone)."""
-        if self._controller is None and self.length_policy is not None and self.drafter:
-            return Controller.single(self.drafter, self.length_policy)
         return self._controller
 
     @property
@@ -135,6 +165,60 @@ class SpeculativeDecoder:
             return self._controller.drafters
         return [] if self.drafter is None else [self.drafter]
 
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        """Target layers some drafter reads (BaseDrafter.hidden_layers)."""
+        layers = {i for d in self.drafters for i in getattr(d, "hidden_layers", ())}
+        return tuple(sorted(layers))
+
+    def start(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        seed: int | None = None,
+        stop_hook: StopHook | None = None,
+    ) -> Request:
+        """Begin a request: prefill all but the prompt's last token, start the drafters.
+
+        prompt_ids: at least one token, shorter than the context limit.
+        seed: seeds the one torch.Generator behind all sampling (None: random)."""
+        started = time.perf_counter()
+        params = params or SamplingParams()
+        prompt = self._check_prompt(prompt_ids)
+        generator = torch.Generator(device=self.target.device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
+        key = request_key(generator)
+        stops = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stops |= set(self.eos_token_ids)
+        controller = self._request_controller()
+        control = controller.begin() if controller is not None else None
+        request = Request(prompt, params, generator, key, stops, stop_hook,
+                          self.verifier(params, key, generator), controller, control,
+                          list(prompt), started=started)
+        self._prefill(request)
+        for drafter in self.drafters:
+            drafter.begin(prompt, params, generator)
+        request.stats.prefill_time = time.perf_counter() - started
+        return request
+
+    def _request_controller(self) -> Controller | None:
+        """The controller of a new request (a length policy: one over `drafter` alone,
+        new for each request, as its pauses are the request's)."""
+        if self._controller is None and self.length_policy is not None and self.drafter:
+            return Controller.single(self.drafter, self.length_policy)
+        return self._controller
+
+    def _prefill(self, request: Request) -> None:
+        """Put the request's accepted tokens but the pending one in the target's cache."""
+        self.target.rollback(0)
+        if len(request.context) > 1:
+            self.target.prefill(torch.tensor(request.context[:-1], dtype=torch.long))
+        _CACHE_HOLDER[self.target] = request.token
+
     def generate(
         self,
         prompt_ids: Sequence[int],
@@ -142,7 +226,7 @@ class SpeculativeDecoder:
         seed: int | None = None,
         stop_hook: StopHook | None = None,
     ) -> GenerationResult:
-        """Generate to a stop; see `stream` for the arguments."""
+        """Generate to a stop; see `start` for the arguments."""
         tokens: list[int] = []
         for event in self.stream(prompt_ids, params, seed, stop_hook):
             tokens += event.token_ids
@@ -155,67 +239,90 @@ class SpeculativeDecoder:
         seed: int | None = None,
         stop_hook: StopHook | None = None,
     ) -> Iterator[StepEvent]:
-        """Yield the tokens of each step as soon as they are verified.
+        """Yield the tokens of each step as soon as they are verified (see `start`)."""
+        request = self.start(prompt_ids, params, seed, stop_hook)
+        try:
+            while True:
+                event = self.step(request)
+                yield event
+                if event.finish_reason:
+                    return
+        finally:
+            self.finish(request)
 
-        prompt_ids: at least one token, shorter than the context limit.
-        seed: seeds the one torch.Generator behind all sampling (None: random).
-        """
-        start = time.perf_counter()
-        params = params or SamplingParams()
-        prompt = self._check_prompt(prompt_ids)
-        target, stats = self.target, SpecStats()
-        generator = torch.Generator(device=target.device)
-        if seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(seed)
-        key = request_key(generator)  # with the position, seeds each target draw
-        stops = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stops |= set(self.eos_token_ids)
-        controller = self._begin(prompt, params, generator)
-        stats.prefill_time = time.perf_counter() - start
+    def step(self, request: Request) -> StepEvent:
+        """One draft-verify step of `request`: the tokens it emitted (finish_reason set
+        on its last step, after which it must not be stepped again)."""
+        if request.finish_reason is not None:
+            raise ValueError("this request has finished")
+        if _CACHE_HOLDER.get(self.target) is not request.token:
+            self._prefill(request)  # another request used the cache since
+        context, output, stats = request.context, request.output, request.stats
+        t0 = self.clock()
+        budget = min(request.params.max_tokens - len(output),
+                     self.target.max_seq_len - len(context))
+        plan = self._plan(request, min(self.k, budget - 1))
+        t1 = self.clock()
+        result = self._verify(request, plan.draft)
+        t2 = self.clock()
+        self._observe(request, plan, result, t1 - t0, t2 - t1)
+        new, finish = self._emit(request, result.tokens)
+        self._record(stats, plan, result, new)
+        t3 = self.clock()
+        stats.draft_time += t1 - t0
+        stats.verify_time += t2 - t1
+        stats.other_time += t3 - t2
+        stats.wall_time = time.perf_counter() - request.started
+        request.finish_reason = finish
+        if finish:
+            self.finish(request)
+        return StepEvent(new, finish, stats)
 
-        context, output = list(prompt), []
-        while True:
-            t0 = self.clock()
-            budget = min(params.max_tokens - len(output), target.max_seq_len - len(context))
-            plan = self._plan(controller, context, min(self.k, budget - 1), stops)
-            t1 = self.clock()
-            draft = plan.draft
-            result = self._verify(context, draft, params, generator, key)
-            target.rollback(len(context) + result.num_accepted)
-            t2 = self.clock()
-            drafter = plan.slot.drafter if plan.slot else None if controller else self.drafter
-            if drafter is not None:
-                drafter.observe(result.num_accepted)
-            if controller is not None:
-                controller.observe(plan, result.num_accepted, t1 - t0, t2 - t1, len(context))
-            new, finish = self._emit(result.tokens, output, context, stops, params, stop_hook)
-            accepted = min(result.num_accepted, len(new))
-            cut = len(new) < len(result.tokens)
-            tried = accepted if cut else min(len(draft), result.num_accepted + 1)
-            stats.record_step(len(draft), accepted, len(new), tried,
-                              getattr(drafter, "name", None) if len(draft) else None)
-            t3 = self.clock()
-            stats.draft_time += t1 - t0
-            stats.verify_time += t2 - t1
-            stats.other_time += t3 - t2
-            stats.wall_time = time.perf_counter() - start
-            yield StepEvent(new, finish, stats)
-            if finish:
-                return
+    def finish(self, request: Request) -> None:
+        """End a request (once): the drafters hear its output, the controller keeps
+        what carries to the next request. `step` calls it on the last step."""
+        if request.finished:
+            return
+        request.finished = True
+        if request.control is not None:
+            request.control.finish()
+        for drafter in self.drafters:
+            finish = getattr(drafter, "finish", None)
+            if finish is not None:
+                finish(list(request.output))
 
-    def _emit(self, tokens: list[int], output: list[int], context: list[int], stops: set[int],
-              params: SamplingParams, stop_hook: StopHook | None) -> tuple[list[int], str | None]:
+    def _observe(self, request: Request, plan: Plan, result: VerifyResult,
+                 draft_seconds: float, verify_seconds: float) -> None:
+        """Tell the drafter and the controller how the step went."""
+        drafter = plan.slot.drafter if plan.slot else (
+            None if request.control is not None else self.drafter)
+        if drafter is not None:
+            drafter.observe(result.num_accepted)
+        if request.controller is not None:
+            request.controller.observe(plan, result.num_accepted, draft_seconds,
+                                       verify_seconds, len(request.context))
+
+    @staticmethod
+    def _record(stats: SpecStats, plan: Plan, result: VerifyResult, new: list[int]) -> None:
+        """One step in the request's stats (a stop can cut the emitted tokens)."""
+        draft = plan.draft
+        accepted = min(result.num_accepted, len(new))
+        cut = len(new) < len(result.tokens)
+        tried = accepted if cut else min(len(draft), result.num_accepted + 1)
+        name = getattr(plan.slot.drafter if plan.slot else None, "name", None)
+        stats.record_step(len(draft), accepted, len(new), tried, name if len(draft) else None)
+
+    def _emit(self, request: Request, tokens: tuple[int, ...]) -> tuple[list[int], str | None]:
         """Append the step's tokens to output and context up to the first stop; returns
         (the tokens emitted, finish_reason or None)."""
+        output, context, params = request.output, request.context, request.params
         new: list[int] = []
         for token in tokens:
             new.append(token)
             output.append(token)
             context.append(token)
-            if token in stops or (stop_hook is not None and stop_hook(output)):
+            if token in request.stops or (
+                    request.stop_hook is not None and request.stop_hook(output)):
                 return new, "stop"
             if len(output) >= params.max_tokens or len(context) >= self.target.max_seq_len:
                 return new, "length"
@@ -235,40 +342,43 @@ class SpeculativeDecoder:
                 f"{self.target.max_seq_len} leaves no room for a new token")
         return prompt
 
-    def _plan(self, controller: Controller | None, context: list[int], k: int,
-              stops: set[int]) -> Plan:
+    def _plan(self, request: Request, k: int) -> Plan:
         """This step's draft: the controller's choice, or the drafter's k tokens."""
-        if controller is None:
-            return Plan(self._propose(self.drafter, context, k, stops))
-        return controller.plan(context, k, lambda d, c, n: self._propose(d, c, n, stops))
+        ctx = request.draft_context(k)
+        stops = request.stops
+        if request.controller is None:
+            return Plan(self._propose(self.drafter, ctx, stops))
+        return request.controller.plan(request.control, ctx,
+                                       lambda d, c: self._propose(d, c, stops))
 
     @staticmethod
-    def _propose(drafter: Drafter | None, context: list[int], k: int, stops: set[int]) -> Draft:
-        """Ask the drafter for up to k tokens; cut the draft after its first stop token."""
-        if drafter is None or k <= 0:
+    def _propose(drafter: Drafter | None, ctx: DraftContext, stops: set[int]) -> Draft:
+        """Ask the drafter for up to ctx.k tokens; cut the draft after its first stop."""
+        if drafter is None or ctx.k <= 0:
             return Draft.empty()
-        draft = drafter.propose(context, k).truncate(k)
+        draft = drafter.propose(ctx).truncate(ctx.k)
+        if not draft.is_chain:
+            raise NotImplementedError("tree drafts are not verified yet: propose a chain")
         for i, token in enumerate(draft.tokens.tolist()):
             if token in stops:  # nothing after a stop token can be emitted
                 return draft.truncate(i + 1)
         return draft
 
-    def _verify(
-        self, context: list[int], draft: Draft, params: SamplingParams,
-        generator: torch.Generator, key: int,
-    ) -> VerifyResult:
-        """One target pass over [pending, draft...] and the verifier's decision.
-
-        Sampling with a draft without q (or none: plain decoding) draws the token
-        at each sequence position with that position's uniform number (match_sample),
-        so a seeded sample is the same with or without such drafts; drafts with
-        q go through the rejection sampler and the request's generator."""
+    def _verify(self, request: Request, draft: Draft) -> VerifyResult:
+        """One target pass over [pending, draft...], the request's verifier's decision,
+        and the cache cut back to the accepted prefix; keeps the target's outputs at
+        the accepted positions for the next step's drafters."""
+        context = request.context
         ids = torch.cat((torch.tensor([context[-1]], dtype=torch.long), draft.tokens.cpu()))
-        logits = self.target.forward(ids).logits  # [k + 1, vocab_size]
-        if params.greedy:
-            return greedy_verify(draft.tokens, logits)
-        p = logits_to_probs(logits, params)  # [k + 1, vocab_size]
-        if draft.q is None:
-            start = len(context)
-            return match_sample(draft.tokens, p, lambda i: position_uniform(key, start + i))
-        return self.rejection_sampler(draft.tokens, p, draft.q.to(p.device), generator)
+        layers = self.hidden_layers
+        out = (self.target.forward(ids, hidden_layers=layers) if layers
+               else self.target.forward(ids))
+        logits = out.logits  # [k + 1, vocab_size]
+        result = request.verifier.verify(draft.tokens, draft.q, logits, len(context))
+        self.target.rollback(len(context) + result.num_accepted)
+        rows = result.num_accepted + 1
+        hidden = out.hidden_states if layers else {}
+        request.last = result
+        request.target_out = TargetOutput(logits[:rows],
+                                          {i: h[:rows] for i, h in hidden.items()})
+        return result

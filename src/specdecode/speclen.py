@@ -155,7 +155,7 @@ class LengthPolicy:
             raise ValueError("pool_from must be >= 1")
         self.begin()
 
-    def begin(self) -> None:
+    def begin(self, last: list[float] | None = None) -> None:
         """A new request: estimates back to the prior, nothing watched. Requests
         differ (an editing request copies, the next one may not): carried over,
         a copy's pooled estimate (hundreds of decayed observations near 1.0) kept
@@ -164,10 +164,13 @@ class LengthPolicy:
         each estimate starts at min(prior, last estimate) with the prior's two
         observations, so a kind of free draft that was junk (1-token n-gram
         matches in chat) is not verified again at 90 % by every request, and
-        one that pays is back at the prior after a step or two of hindsight."""
+        one that pays is back at the prior after a step or two of hindsight.
+        last: the estimates to carry (default: this policy's own)."""
         mean, weight = self.prior[0] / self.prior[1], self.prior[1]
-        last = self.acceptance(self.pool_from) if self.carry_over and self._tried else []
-        means = [min(mean, a) for a in last] or [mean] * self.pool_from
+        if last is None:
+            last = self.acceptance(self.pool_from) if self.carry_over and self._tried else []
+        means = [min(mean, a) for a in last] if self.carry_over and last else []
+        means = means or [mean] * self.pool_from
         self._accepted = [m * weight for m in means]
         self._tried = [weight] * self.pool_from
         self._watched = []

@@ -31,10 +31,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from specdecode.sampling import sample, sample_at
+from specdecode.sampling import (
+    SamplingParams,
+    logits_to_probs,
+    position_uniform,
+    sample,
+    sample_at,
+)
 
 
 @dataclass(frozen=True)
@@ -44,11 +51,18 @@ class VerifyResult:
     num_accepted: how many draft tokens were kept (0..k).
     next_token: the recovered token (num_accepted < k) or bonus token (== k).
     tokens: the emitted tokens, accepted drafts followed by next_token.
+    path: the draft indices of the accepted tokens, root first (a chain: 0..n-1;
+        a tree: the accepted branch, which `CausalLM.keep` compacts the cache to).
     """
 
     num_accepted: int
     next_token: int
     tokens: tuple[int, ...]
+    path: tuple[int, ...] | None = None
+
+    @property
+    def accepted_path(self) -> tuple[int, ...]:
+        return tuple(range(self.num_accepted)) if self.path is None else self.path
 
 
 def _result(draft_tokens: torch.Tensor, num_accepted: int, next_token: int) -> VerifyResult:
@@ -130,3 +144,61 @@ def match_sample(
         if i == k or token != drafts[i]:
             return _result(draft_tokens, i, token)
     raise AssertionError("unreachable: row k always returns")
+
+
+RejectionSampler = Callable[
+    [torch.Tensor, torch.Tensor, "torch.Tensor | None", "torch.Generator | None"], VerifyResult]
+"""(draft tokens [k], p [k + 1, V], q [k, V] or None, generator) -> VerifyResult."""
+
+
+class Verifier(Protocol):
+    """One request's verification rule, chosen once when the request starts."""
+
+    def verify(
+        self,
+        draft_tokens: torch.Tensor,  # [k] int64
+        q: torch.Tensor | None,  # [k, vocab_size] float32 draft probs; None: point mass
+        logits: torch.Tensor,  # [k + 1, vocab_size] target logits of the pass
+        start: int,  # sequence position of the first token the pass scores
+    ) -> VerifyResult:
+        """Which draft tokens to keep, and the token after them. Lossless for any draft."""
+        ...
+
+
+class GreedyVerifier:
+    """Temperature 0: keep draft tokens while they equal the target's argmax."""
+
+    def verify(self, draft_tokens: torch.Tensor, q: torch.Tensor | None,  # [k], [k, V]
+               logits: torch.Tensor, start: int) -> VerifyResult:  # logits: [k + 1, V]
+        return greedy_verify(draft_tokens, logits)
+
+
+class SamplingVerifier:
+    """Temperature > 0 with the request's params. A draft without q (n-gram lookup,
+    or none: plain decoding) is verified by `match_sample` with each position's
+    uniform number (sampling.position_uniform of the request key), so a seeded
+    sample is the same with or without such drafts; a draft with q goes through
+    `rejection` (exact rejection sampling) and the request's generator."""
+
+    def __init__(self, params: SamplingParams, key: int, generator: torch.Generator | None,
+                 rejection: RejectionSampler = rejection_sample) -> None:
+        self.params, self.key, self.generator, self.rejection = params, key, generator, rejection
+
+    def verify(self, draft_tokens: torch.Tensor, q: torch.Tensor | None,  # [k], [k, V]
+               logits: torch.Tensor, start: int) -> VerifyResult:  # logits: [k + 1, V]
+        p = logits_to_probs(logits, self.params)  # [k + 1, vocab_size]
+        if q is None:
+            return match_sample(draft_tokens, p, lambda i: position_uniform(self.key, start + i))
+        return self.rejection(draft_tokens, p, q.to(p.device), self.generator)
+
+
+VerifierFactory = Callable[[SamplingParams, int, "torch.Generator | None"], Verifier]
+"""(params, request key, generator) -> the request's verifier."""
+
+
+def make_verifier(params: SamplingParams, key: int, generator: torch.Generator | None,
+                  rejection: RejectionSampler = rejection_sample) -> Verifier:
+    """The verifier for a request: greedy at temperature 0, else sampling."""
+    if params.greedy:
+        return GreedyVerifier()
+    return SamplingVerifier(params, key, generator, rejection)

@@ -13,7 +13,7 @@ import contextlib
 import multiprocessing
 from collections.abc import Iterator
 
-from specdecode.drafters.base import Draft
+from specdecode.drafters.base import Draft, DraftContext
 
 
 def _spin() -> None:
@@ -47,8 +47,8 @@ class WrongDrafts:
     def __getattr__(self, name: str):
         return getattr(self.inner, name)
 
-    def propose(self, context: list[int], k: int) -> Draft:
-        draft = self.inner.propose(context, k)
+    def propose(self, ctx: DraftContext) -> Draft:
+        draft = self.inner.propose(ctx)
         return Draft((draft.tokens + 1) % self.vocab_size, draft.q, draft.kind)  # tokens: [k] int64
 
     def observe(self, num_accepted: int) -> None:

@@ -1,7 +1,8 @@
 """Drafters: cheap proposers of the next k tokens, behind one protocol."""
 
-from specdecode.drafters.base import Draft, Drafter
+from specdecode.drafters.base import BaseDrafter, Draft, DraftContext, Drafter, TargetOutput
 from specdecode.drafters.draft_model import DraftModelDrafter, VocabularyMismatch
 from specdecode.drafters.ngram import NgramDrafter
 
-__all__ = ["Draft", "Drafter", "DraftModelDrafter", "NgramDrafter", "VocabularyMismatch"]
+__all__ = ["BaseDrafter", "Draft", "DraftContext", "Drafter", "DraftModelDrafter",
+           "NgramDrafter", "TargetOutput", "VocabularyMismatch"]

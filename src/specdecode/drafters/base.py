@@ -1,20 +1,32 @@
-"""The `Drafter` protocol: propose k tokens, hear how many were accepted.
+"""The `Drafter` protocol: propose a draft from a `DraftContext`, hear how it went.
 
 A drafter carries its own state (a KV cache, an n-gram index) and keeps it in
-step with the accepted prefix. The context handed to `propose` is always the
-full accepted sequence, prompt included, ending with the last emitted token;
-it never contains rejected drafts, so a drafter can resynchronise by
-comparing it with what it has seen.
+step with the accepted prefix. `DraftContext.tokens` is always the full
+accepted sequence of the request, prompt included, ending with the last
+emitted token; it never contains rejected drafts, so a drafter can
+resynchronise by comparing it with what it has seen (which also makes a
+drafter shared by interleaved requests correct: it resynchronises, slower).
+Everything request-specific a drafter needs (sampling parameters, the
+generator, the target's outputs of the last pass) comes in the context, not
+from `begin`.
+
+`BaseDrafter` gives no-op defaults for every hook; a drafter overrides
+`propose` and what it needs. The engine calls, per request: `begin` once,
+then per step `propose` and `observe`, and `finish` once with the output.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
 from specdecode.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from specdecode.models.base import CausalLM
 
 
 @dataclass
@@ -26,21 +38,78 @@ class Draft:
        from; None means a point mass on each token (exact all the same).
     kind: which kind of proposal this is, for acceptance estimated per kind
        (n-gram lookup: the length of the matched n-gram; 0: one kind only).
+    parents: [k] int64, the index of each token's parent in the draft (-1: the
+       pending token, the root), for a token tree; None is a chain (token i's
+       parent is i - 1). Only chains are verified for now.
     """
 
     tokens: torch.Tensor
     q: torch.Tensor | None = None
     kind: int = 0
+    parents: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
+    @property
+    def is_chain(self) -> bool:
+        return self.parents is None or bool(
+            (self.parents == torch.arange(-1, len(self) - 1)).all())
+
     def truncate(self, n: int) -> Draft:
-        return Draft(self.tokens[:n], None if self.q is None else self.q[:n], self.kind)
+        """The first n tokens (a chain's prefix; for a tree, the nodes 0..n-1, whose
+        parents all come before them)."""
+        return Draft(self.tokens[:n], None if self.q is None else self.q[:n], self.kind,
+                     None if self.parents is None else self.parents[:n])
 
     @staticmethod
     def empty() -> Draft:
         return Draft(torch.zeros(0, dtype=torch.long))
+
+
+@dataclass
+class TargetOutput:
+    """The target's outputs at the positions the last pass accepted.
+
+    logits: [n, vocab_size] float32, row i scoring the token after accepted
+        position i of the pass (n = accepted draft tokens + 1; the last row
+        scored the token that was emitted as recovered/bonus).
+    hidden: layer -> [n, hidden_size] for the layers the drafters asked for
+        (`BaseDrafter.hidden_layers`), the same rows.
+    """
+
+    logits: torch.Tensor
+    hidden: Mapping[int, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class DraftContext:
+    """What a drafter is told when asked for a draft.
+
+    tokens: the accepted sequence (prompt + output so far), ending with the last
+        emitted token, which is not yet in the target's cache. It is the request's
+        live list (no copy per step): read it during the call, copy what you keep.
+    k: the most draft tokens this step can use (the budget; >= 1).
+    params / generator: the request's sampling parameters and random source
+        (a drafter that samples uses these, so interleaved requests keep theirs).
+    prompt_len: how many of `tokens` are the prompt.
+    last: the previous step's verification (None at the first step).
+    target: the target's outputs of the previous pass at its accepted positions
+        (None at the first step, and where no drafter asked for them).
+    """
+
+    tokens: list[int]
+    k: int
+    params: SamplingParams = field(default_factory=SamplingParams)
+    generator: torch.Generator | None = None
+    prompt_len: int = 0
+    last: object | None = None  # verify.VerifyResult
+    target: TargetOutput | None = None
+
+    def with_k(self, k: int) -> DraftContext:
+        """The same context with another budget."""
+        return DraftContext(self.tokens, k, self.params, self.generator, self.prompt_len,
+                            self.last, self.target)
 
 
 @runtime_checkable
@@ -50,13 +119,51 @@ class Drafter(Protocol):
     def begin(
         self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator
     ) -> None:
-        """Start a new request: forget per-request state; sample with these params."""
+        """Start a new request (a drafter that keeps per-request state resets it)."""
         ...
 
-    def propose(self, context: list[int], k: int) -> Draft:
-        """Up to k tokens likely to follow `context` (fewer, or none, is fine)."""
+    def propose(self, ctx: DraftContext) -> Draft:
+        """Up to ctx.k tokens likely to follow ctx.tokens (fewer, or none, is fine)."""
         ...
 
     def observe(self, num_accepted: int) -> None:
         """The verifier kept `num_accepted` tokens of the last draft."""
         ...
+
+
+class BaseDrafter:
+    """No-op defaults for the drafter hooks; subclasses override `propose`.
+
+    name: shown in stats (`drafter_steps`) and `info.drafter`.
+    draft_model: the CausalLM this drafter runs (None: it runs no model): how
+        costs are measured and memory is counted, instead of probing attributes.
+    hidden_layers: target layers whose hidden states this drafter reads from
+        `DraftContext.target.hidden` (models.base: layer numbering).
+    """
+
+    name = "drafter"
+    draft_model: CausalLM | None = None
+    hidden_layers: tuple[int, ...] = ()
+
+    def begin(
+        self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator
+    ) -> None:
+        pass
+
+    def propose(self, ctx: DraftContext) -> Draft:
+        return Draft.empty()
+
+    def observe(self, num_accepted: int) -> None:
+        pass
+
+    def pending(self, tokens: list[int]) -> int:
+        """Tokens a proposal after `tokens` must feed its model first (catch-up)."""
+        return 0
+
+    def finish(self, output_ids: list[int]) -> None:
+        """The request ended with these output tokens (e.g. to remember them)."""
+
+    def close(self) -> None:
+        """Free what the drafter holds (its model's memory); it is not used again."""
+        if self.draft_model is not None and hasattr(self.draft_model, "close"):
+            self.draft_model.close()

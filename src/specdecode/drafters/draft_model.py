@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from specdecode.drafters.base import Draft
+from specdecode.drafters.base import BaseDrafter, Draft, DraftContext
 from specdecode.models.base import CausalLM
 from specdecode.sampling import SamplingParams, logits_to_probs, sample
 
@@ -23,7 +23,7 @@ class VocabularyMismatch(ValueError):
     """The draft model and the target do not share a vocabulary."""
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(BaseDrafter):
     name = "draft-model"
 
     def __init__(
@@ -51,23 +51,15 @@ class DraftModelDrafter:
             raise VocabularyMismatch(
                 f"shared vocabulary of {shared_vocab_size} tokens does not fit the draft "
                 f"({draft.vocab_size}) and target ({target.vocab_size}) tables")
-        self.model = draft
+        self.draft_model = self.model = draft  # (model: the older name)
         self.confidence_threshold = confidence_threshold
         self.target_vocab_size = target.vocab_size
         self.shared_vocab_size = shared_vocab_size
         self._cached: list[int] = []  # token ids whose KV is in the draft cache
-        self._params = SamplingParams()
-        self._generator: torch.Generator | None = None
         # The last proposal's cost: (tokens fed before the first draft token, seconds of
         # that forward, one-token forwards after it, their seconds): the controller's
         # observation of what drafting and catching up cost (controller.py).
         self.timing: tuple[int, float, int, float] = (0, 0.0, 0, 0.0)
-
-    def begin(
-        self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator
-    ) -> None:
-        self._params, self._generator = params, generator
-        # Keep the cache: a shared prefix with the previous request is reused.
 
     def pending(self, context: list[int]) -> int:
         """Tokens the next proposal after `context` feeds before its first draft token
@@ -85,9 +77,12 @@ class DraftModelDrafter:
         del self._cached[common:]
         return context[common:]
 
-    def propose(self, context: list[int], k: int) -> Draft:
+    def propose(self, ctx: DraftContext) -> Draft:
+        """Sample (argmax when greedy) up to ctx.k tokens with the request's params;
+        the cache keeps a shared prefix with the previous request (reused)."""
+        context, params = ctx.tokens, ctx.params
         room = self.model.max_seq_len - len(context) + 1
-        k = min(k, room)
+        k = min(ctx.k, room)
         if k <= 0:
             return Draft.empty()
         start = time.perf_counter()
@@ -99,14 +94,14 @@ class DraftModelDrafter:
         tokens: list[int] = []
         q_rows: list[torch.Tensor] = []
         for i in range(k):
-            if self._params.greedy:
+            if params.greedy:
                 row = logits[0, : self.shared_vocab_size]
                 token = int(row.argmax())
                 if self.confidence_threshold > 0:
                     confidence = float(row.softmax(-1)[token])
             else:
-                q_i = self._probs(logits[0])  # [target_vocab]
-                token = sample(q_i, self._generator)
+                q_i = self._probs(logits[0], params)  # [target_vocab]
+                token = sample(q_i, ctx.generator)
                 q_rows.append(q_i)
                 confidence = float(q_i[token])
             tokens.append(token)
@@ -116,16 +111,13 @@ class DraftModelDrafter:
                 logits = self.model.forward(
                     torch.tensor([token], dtype=torch.long), last_n=1).logits
                 self._cached.append(token)
-        q = None if self._params.greedy else torch.stack(q_rows)  # [k, target_vocab]
+        q = None if params.greedy else torch.stack(q_rows)  # [k, target_vocab]
         self.timing = (len(feed), first - start, len(tokens) - 1, time.perf_counter() - first)
         return Draft(torch.tensor(tokens, dtype=torch.long), q)
 
-    def _probs(self, logits: torch.Tensor) -> torch.Tensor:  # [draft_vocab] -> [target_vocab]
-        q = logits_to_probs(logits[: self.shared_vocab_size], self._params)
+    def _probs(self, logits: torch.Tensor,  # [draft_vocab] -> [target_vocab]
+               params: SamplingParams) -> torch.Tensor:
+        q = logits_to_probs(logits[: self.shared_vocab_size], params)
         if self.shared_vocab_size < self.target_vocab_size:
             q = torch.nn.functional.pad(q, (0, self.target_vocab_size - self.shared_vocab_size))
         return q
-
-    def observe(self, num_accepted: int) -> None:
-        # The next `propose` resynchronises from the context; nothing to do here.
-        pass

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.drafters.base import Draft
+from specdecode.drafters.base import BaseDrafter, Draft, DraftContext
 from specdecode.sampling import SamplingParams
 
 
-class NgramDrafter:
+class NgramDrafter(BaseDrafter):
     """Draft.kind of a proposal: the matched n-gram's length, capped at KINDS (longer
     matches behave alike); the controller keeps acceptance estimates per kind, so
     junk 1-token matches in chat do not cost what 4-token matches in code gain
@@ -59,7 +59,8 @@ class NgramDrafter:
                     self._index[tuple(context[end - n + 1 : end + 1])] = end
         self._indexed_to = max(self._indexed_to, len(context) - 1)
 
-    def propose(self, context: list[int], k: int) -> Draft:
+    def propose(self, ctx: DraftContext) -> Draft:
+        context, k = ctx.tokens, ctx.k
         self._extend(context)
         self.match_n = 0
         if k <= 0:
@@ -71,6 +72,3 @@ class NgramDrafter:
                 follow = context[end + 1 : end + 1 + k]
                 return Draft(torch.tensor(follow, dtype=torch.long), kind=min(n, self.KINDS))
         return Draft.empty()
-
-    def observe(self, num_accepted: int) -> None:
-        pass
