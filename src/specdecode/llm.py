@@ -234,7 +234,7 @@ def measured_costs(target: CausalLM, drafter: Drafter | None, info: LoadInfo, k:
     from specdecode.costs import cached_costs
 
     start = time.perf_counter()
-    costs, cached = cached_costs(target, getattr(drafter, "model", None),
+    costs, cached = cached_costs(target, getattr(drafter, "draft_model", None),
                                  key=_costs_key(target, info, files), max_k=max(k, 32))
     info.seconds["costs"] = time.perf_counter() - start
     _record_costs(info, costs, cached)
@@ -285,9 +285,7 @@ def choose_drafter(
            f"at 90 % acceptance its best draft length {length} gives {rate:.2f}x")
     if rate >= KEEP_DRAFT_MODEL:
         return draft, f"n-gram lookup + the {why}"
-    close = getattr(draft.model, "close", None)
-    if close is not None:
-        close()
+    draft.close()  # frees the draft model's memory (BaseDrafter.close)
     return None, f"n-gram lookup only ({why}, too little to pay)"
 
 
