@@ -135,10 +135,12 @@ def test_policy_cuts_drafts_in_the_engine(target, costs, right, lengths):
 def test_auto_drafter_keeps_a_draft_model_only_where_it_can_pay():
     from types import SimpleNamespace
 
+    from specdecode.drafters import BaseDrafter
     from specdecode.llm import choose_drafter
 
     closed = []
-    draft = SimpleNamespace(model=SimpleNamespace(close=lambda: closed.append(True)))
+    draft = BaseDrafter()
+    draft.draft_model = SimpleNamespace(close=lambda: closed.append(True))
     cheap = CostModel({1: 1.0, 9: 1.1}, draft_per_token=0.1)  # a GPU-like curve
     proposer, why = choose_drafter(cheap, draft, 8)
     assert proposer is draft and "n-gram lookup + the draft model" in why and not closed
