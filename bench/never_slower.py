@@ -56,7 +56,8 @@ def run_one(llm: LLM, ids: list[int], mode: str, n: int, load: tuple) -> dict:
     slots = llm.decoder.controller.slots if llm.decoder.controller else []
     inner = [slot.drafter for slot in slots]
     # The wrong runs' pauses must not carry into the honest runs (and back).
-    saved = [(s.failures, s.paused, s.probing, list(s.recent)) for s in slots]
+    saved = [(s.failures, s.paused, s.probing, list(s.recent), dict(s.carried))
+             for s in slots]
     if mode == "wrong":
         for slot in slots:
             slot.drafter = WrongDrafts(slot.drafter, llm.target.vocab_size)
@@ -69,7 +70,7 @@ def run_one(llm: LLM, ids: list[int], mode: str, n: int, load: tuple) -> dict:
         for slot, drafter, state in zip(slots, inner, saved):
             slot.drafter = drafter
             if mode == "wrong":
-                slot.failures, slot.paused, slot.probing, recent = state
+                slot.failures, slot.paused, slot.probing, recent, slot.carried = state
                 slot.recent.clear()
                 slot.recent.extend(recent)
     s = r.stats

@@ -351,3 +351,27 @@ def test_a_junk_kind_starts_the_next_request_pessimistic_a_good_one_at_the_prior
     request = _kinds_run(target, Clock(), controller, prompt, truth, 60)
     assert request.stats.drafted_per_step[0] == 0  # the first (kind-1) draft: not verified
     assert control.policy(0).carry_over is False  # kind 0 (one kind only) is not carried
+
+
+def test_a_new_kind_after_wrong_drafts_starts_from_the_pooled_estimate(target):
+    """Every draft wrong, its kind cycling 1, 2, 3, 4: after the first wrong drafts
+    a kind seen for the first time is not verified at the optimistic prior (each
+    kind would otherwise cost its own first failures)."""
+    prompt = [6, 1, 8]
+    truth = prompt + plain_greedy(target, prompt, 120)
+
+    class CyclingWrong(OracleDrafter):
+        name = "lookup"
+
+        def propose(self, ctx):
+            self.step += 1
+            right = self.truth[len(ctx.tokens):len(ctx.tokens) + ctx.k]
+            wrong = [(t + 1) % self.vocab_size for t in right]
+            return Draft(torch.tensor(wrong), kind=1 + (self.step // 3) % 4)
+
+    prior = CostModel({1: 1.0, 2: 1.5, 5: 3.0})
+    slot = Slot(CyclingWrong(truth, target.vocab_size), LengthPolicy(prior), costly=False)
+    request = _kinds_run(target, Clock(), Controller([slot], prior, online=False), prompt,
+                         truth, 100)
+    verified = [i for i, d in enumerate(request.stats.drafted_per_step) if d]
+    assert request.stats.accepted == 0 and len(verified) <= 2 and verified[-1] < 3

@@ -260,12 +260,20 @@ class Control:
         self._epochs = [slot.epoch for slot in self.slots]
 
     def policy(self, i: int, kind: int = 0) -> LengthPolicy:
-        """The estimates of slot i's drafts of this kind (made on first use)."""
+        """The estimates of slot i's drafts of this kind (made on first use). Kind 0
+        pools every draft of the slot; a kind first seen mid-request starts from the
+        pooled estimates where they are lower than its own start (drafts that
+        were all wrong so far make a new kind's first draft look no better)."""
         if self._epochs[i] != self.slots[i].epoch:  # a paused drafter is probed anew
             self._policies[i], self._epochs[i] = {}, self.slots[i].epoch
         table = self._policies[i]
         if kind not in table:
             table[kind] = self.slots[i].fresh_policy(kind)
+            if kind and 0 in table:
+                policy = table[kind]
+                pooled = table[0].acceptance(policy.pool_from)
+                own = policy.acceptance(policy.pool_from)
+                policy.begin([min(a, b) for a, b in zip(own, pooled, strict=True)])
         return table[kind]
 
     def policies(self, i: int) -> list[LengthPolicy]:
@@ -341,10 +349,12 @@ class Controller:
             else:
                 for policy in control.policies(i):
                     policy.resolve(context)
+                pooled = control.policy(i)
                 draft = propose(slot.drafter, ctx)
                 policy = control.policy(i, draft.kind)
                 policy.costs = costs
-                policy.watch(len(context), draft.tokens.tolist())
+                for watcher in {id(pooled): pooled, id(policy): policy}.values():
+                    watcher.watch(len(context), draft.tokens.tolist())
                 length, rate = self._price_free(policy, draft, costs, len(context))
                 option = Plan(draft.truncate(length), slot, costs, 0, k, policy)
             if length and rate > best_rate + 1e-9:
