@@ -17,7 +17,7 @@ from scipy.stats import chisquare
 from specdecode import Draft, DraftModelDrafter, SamplingParams, SpeculativeDecoder
 from specdecode.models import ModelConfig, Transformer
 from specdecode.sampling import logits_to_probs
-from specdecode.verify import VerifyResult
+from specdecode.verify import SamplingVerifier, VerifyResult
 from toy_lm import TableLM
 
 V = 6
@@ -123,7 +123,9 @@ def test_broken_verifier_fails_the_same_test():
     """Negative control: the test has the power to catch a lossy verifier."""
     k, kind, params = CONFIGS["T1-k3-draft-model"]
     target, draft = TableLM(V, seed=10), TableLM(V, seed=11)
-    decoder = make_decoder(k, kind, target, draft, rejection_sampler=always_accept)
+    broken = lambda params, key, generator: SamplingVerifier(  # noqa: E731
+        params, key, generator, rejection=always_accept)
+    decoder = make_decoder(k, kind, target, draft, verifier=broken)
     counts = sample_joint(decoder, params, N_SAMPLES)
     assert chi_square_pvalue(counts, exact_joint(target, params)) < 1e-6
 

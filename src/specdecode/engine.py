@@ -31,14 +31,7 @@ from specdecode.models.base import CausalLM
 from specdecode.sampling import SamplingParams, request_key
 from specdecode.speclen import LengthPolicy
 from specdecode.stats import SpecStats
-from specdecode.verify import (
-    RejectionSampler,
-    Verifier,
-    VerifierFactory,
-    VerifyResult,
-    make_verifier,
-    rejection_sample,
-)
+from specdecode.verify import Verifier, VerifierFactory, VerifyResult, make_verifier
 
 StopHook = Callable[[list[int]], bool]
 """Called with all output token ids after each emitted token; True stops there
@@ -117,10 +110,10 @@ class SpeculativeDecoder:
     observed costs and acceptance (it may choose a plain step); `length_policy`
     is the shorthand for a controller of `drafter` alone that decides with the
     policy's fixed costs. Without either, always k draft tokens (fewer only when
-    the drafter has fewer). Each request's verifier comes from `verifier`
-    (verify.make_verifier: greedy, or sampling: with a seed, a sample is the
-    same with speculation on or off when the drafter gives no q; drafts with q
-    go through `rejection_sampler`).
+    the drafter has fewer). Each request's verifier comes from the `verifier`
+    factory (verify.make_verifier: greedy, or sampling: with a seed, a sample is
+    the same with speculation on or off when the drafter gives no q; drafts with
+    q go through exact rejection sampling).
 
     Per-request state lives in `Request` (from `start`), so requests can be
     interleaved step by step; each request's tokens must then be in the
@@ -135,8 +128,7 @@ class SpeculativeDecoder:
         k: int = 4,
         *,
         eos_token_ids: Sequence[int] | None = None,
-        rejection_sampler: RejectionSampler = rejection_sample,
-        verifier: VerifierFactory | None = None,
+        verifier: VerifierFactory = make_verifier,
         length_policy: LengthPolicy | None = None,
         controller: Controller | None = None,
         clock: Callable[[], float] = time.perf_counter,
@@ -149,8 +141,7 @@ class SpeculativeDecoder:
         self.target, self.drafter, self.k = target, drafter, k
         self.eos_token_ids = tuple(
             target.eos_token_ids if eos_token_ids is None else eos_token_ids)
-        self.verifier = verifier or (
-            lambda params, key, gen: make_verifier(params, key, gen, rejection_sampler))
+        self.verifier = verifier
         self.length_policy = length_policy
         self._controller, self.clock = controller, clock
 

@@ -112,7 +112,7 @@ def default_threads() -> int:
 
 
 class LlamaCppLM:
-    """A GGUF model run by llama.cpp on CPU, with one rollback-able sequence (batch 1)."""
+    """A GGUF model run by llama.cpp on CPU: rollback-able sequence 0, more by `sequence(i)`."""
 
     def __init__(
         self,
@@ -153,13 +153,32 @@ class LlamaCppLM:
         were as fast as the best case every time). None: on unless
         SPECDECODE_HUGE_PAGES=0. Costs 2-5 s of load time for the default
         pair; `huge_page_bytes` says how much memory it backed."""
-        lib = self._lib = _lib()
+        self._lib = _lib()
         self._model = self._ctx = self._batch = None
         # Torch's threads are the loader's business (threads.py: one thread beside a
         # llama.cpp-only process); this constructor sets no process-wide state.
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no such GGUF file: {path}")
+        self._load_weights(path, extra_bufts, mmap, huge_pages)
+        self._read_model_facts(path, max_seq_len)
+        self.n_threads = n_threads or threads.llama_threads()
+        self.n_threads_batch = n_threads_batch or self.n_threads
+        self.n_batch = min(n_batch, self.max_seq_len)
+        if flash_attn is None:
+            flash_attn = {"on": True, "off": False}.get(
+                os.environ.get("SPECDECODE_FLASH_ATTN", "auto").lower())
+        self.flash_attn = flash_attn
+        self._seq0 = _Seq(0)
+        self._handles: dict[int, LlamaCppSequence] = {}
+        self._free_branch_ids: list[int] = []  # tree-branch sequence ids not in use
+        self._make_context(self.max_seq_len, 1)
+        self.path = path
+
+    def _load_weights(self, path: Path, extra_bufts: bool | None, mmap: bool,
+                      huge_pages: bool | None) -> None:
+        """Load the GGUF's weights (see __init__ for the options)."""
+        lib = self._lib
         mparams = lib.llama_model_default_params()
         mparams.n_gpu_layers = 0
         if extra_bufts is None:
@@ -175,6 +194,11 @@ class LlamaCppLM:
         if not self._model:
             raise RuntimeError(f"llama.cpp could not load {path} (set SPECDECODE_DEBUG=1 "
                                "to see its log)")
+        self._weight_huge_pages = weights[0]
+
+    def _read_model_facts(self, path: Path, max_seq_len: int | None) -> None:
+        """Vocabulary, sizes, EOS and the checked context length (and its KV memory)."""
+        lib = self._lib
         vocab = lib.llama_model_get_vocab(self._model)
         self.vocab_size: int = lib.llama_vocab_n_tokens(vocab)
         self.hidden_size: int = lib.llama_model_n_embd(self._model)
@@ -186,20 +210,6 @@ class LlamaCppLM:
         self.max_seq_len: int = limits.check_context(max_seq_len, trained, path.name)
         limits.check_memory(self._kv_cache_bytes(max_seq_len),
                             f"the KV cache of {max_seq_len} tokens")
-        self.n_threads = n_threads or threads.llama_threads()
-        self.n_threads_batch = n_threads_batch or self.n_threads
-        self.n_batch = min(n_batch, max_seq_len)
-        if flash_attn is None:
-            flash_attn = {"on": True, "off": False}.get(
-                os.environ.get("SPECDECODE_FLASH_ATTN", "auto").lower())
-        self.flash_attn = flash_attn
-
-        self._weight_huge_pages = weights[0]
-        self._seq0 = _Seq(0)
-        self._handles: dict[int, LlamaCppSequence] = {}
-        self._free_branch_ids: list[int] = []  # tree-branch sequence ids not in use
-        self._make_context(max_seq_len, 1)
-        self.path = path
 
     def _make_context(self, n_ctx: int, n_seq_max: int) -> None:
         """A context of n_ctx cells for n_seq_max sequence ids (one unified KV cache when
