@@ -29,9 +29,11 @@ def close(got: torch.Tensor, want: torch.Tensor, rel: float) -> float:  # [T, vo
     return diff
 
 
-def check_two_in_one_pass(model, rel: float, prompts_exact: bool) -> float:
+def check_two_in_one_pass(model, rel: float) -> float:
     """Two sequences (different prompts and lengths) through forward_many, twice (prompts,
-    then a 3- and a 1-token step), against each run alone. Returns the max |difference|."""
+    then a 3- and a 1-token step), against each run alone. Returns the max |difference|.
+    Prompts too are compared within rounding: the same rows through a GEMM of more rows
+    were bit-identical with 1 torch thread here, not with 2 (the blocking differs)."""
     s0, s1 = model, model.sequence(1)
     s0.rollback(0)
     s1.rollback(0)
@@ -44,22 +46,20 @@ def check_two_in_one_pass(model, rel: float, prompts_exact: bool) -> float:
     assert (s0.cached_len, s1.cached_len) == (len(A) + 3, len(B) + 1)
     diff = 0.0
     for (w_first, w_second), first, second in zip(want, firsts, seconds):
-        if prompts_exact:
-            assert torch.equal(first.logits, w_first)
         diff = max(diff, close(first.logits, w_first, rel), close(second.logits, w_second, rel))
     return diff
 
 
 def test_two_sequences_in_one_pass_tiny():
-    check_two_in_one_pass(tiny(1), 1e-5, prompts_exact=True)
+    check_two_in_one_pass(tiny(1), 1e-5)
 
 
 def test_two_sequences_in_one_pass_real_float32():
-    """Prompts: bit-identical (each runs at its bucket, as alone). The steps run as a
-    4-row pass instead of a 3-row and a 1-row one: measured up to 6.5e-5 on logits up to
+    """Prompts run at their buckets, as alone (within rounding, see above). The steps run
+    as a 4-row pass instead of a 3-row and a 1-row one: measured up to 6.5e-5 on logits up to
     35 (2e-6 of the scale; a 3-token pass against three 1-token passes of one sequence
     differs as much), asserted within 1e-5 of the scale."""
-    check_two_in_one_pass(real.load("smollm2-135m").model, 1e-5, prompts_exact=True)
+    check_two_in_one_pass(real.load("smollm2-135m").model, 1e-5)
 
 
 def test_handles_are_independent_causal_lms():
