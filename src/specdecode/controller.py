@@ -353,7 +353,7 @@ class Controller:
                 draft = propose(slot.drafter, ctx)
                 policy = control.policy(i, draft.kind)
                 policy.costs = costs
-                for watcher in {id(pooled): pooled, id(policy): policy}.values():
+                for watcher in [pooled] if policy is pooled else [pooled, policy]:
                     watcher.watch(len(context), draft.tokens.tolist())
                 length, rate = self._price_free(policy, draft, costs, len(context))
                 option = Plan(draft.truncate(length), slot, costs, 0, k, policy)
