@@ -88,8 +88,11 @@ def main() -> int:
     ap.add_argument("--load-after", type=float, default=None, metavar="S",
                     help="start the busy load S seconds into each run (default: no load)")
     ap.add_argument("--background-load", type=int, default=1, metavar="N")
+    ap.add_argument("--target", default="default",
+                    help="registry name or GGUF path (default: the default pair)")
+    ap.add_argument("--drafter", default=None, help="as LLM.load's (default: its default)")
     args = ap.parse_args()
-    llm = LLM.load("default", backend="llama.cpp", max_seq_len=4096)
+    llm = LLM.load(args.target, backend="llama.cpp", max_seq_len=4096, drafter=args.drafter)
     prompts = [p for w in args.workloads or ["humaneval:3", "code-edit:2", "chat:3"]
                for p in workloads.load(w)]
     modes = ("plain", "auto", "wrong")

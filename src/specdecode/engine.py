@@ -206,8 +206,13 @@ class SpeculativeDecoder:
     def _prefill(self, request: Request) -> None:
         """Put the request's accepted tokens but the pending one in the target's cache."""
         self.target.rollback(0)
+        layers = self.hidden_layers
         if len(request.context) > 1:
-            self.target.prefill(torch.tensor(request.context[:-1], dtype=torch.long))
+            out = self.target.prefill(torch.tensor(request.context[:-1], dtype=torch.long),
+                                      hidden_layers=layers)
+            if layers and request.target_out is None:  # the first step's drafters read it
+                request.target_out = TargetOutput(out.logits[-1:], {
+                    i: h[-1:] for i, h in out.hidden_states.items()})
         _CACHE_HOLDER[self.target] = request.token
 
     def generate(

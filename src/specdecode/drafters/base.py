@@ -95,7 +95,9 @@ class DraftContext:
     prompt_len: how many of `tokens` are the prompt.
     last: the previous step's verification (None at the first step).
     target: the target's outputs of the previous pass at its accepted positions
-        (None at the first step, and where no drafter asked for them).
+        (at the first step: the prefill's last position, which precedes the pending
+        token; None where no drafter asked for hidden states, or the prompt is one
+        token).
     """
 
     tokens: list[int]

@@ -1,0 +1,143 @@
+"""Self-distillation data for a hidden-state head: the target's own answers and states.
+
+For each training prompt the target answers greedily (plain decoding, its
+own tokens), and the final hidden state of every position that scored an
+answer token is kept from the same passes (what the head sees when it
+drafts). One shard per prompt, `NNNNNN.safetensors` in the output folder:
+`tokens` [n] int64 (the answer a_0..a_{n-1}) and `hidden` [n, H] (row j: the
+state at the position that scored a_j), float16. A shard is written under a
+temporary name and renamed, so a killed run resumes at the first missing one.
+
+Prompts: only the sets the project trains on (TRAIN_SETS, from the shared prompt
+folder beside the checkout); humaneval, mbpp and mt-bench are for measuring and
+are refused. `docstring_prompts` makes prompts of the project's own from the
+standard library's docstrings (no files needed).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import torch
+
+from specdecode.models.base import FINAL_LAYER
+
+TRAIN_SETS = ("gsm8k", "livecodebench", "arena-hard-v2", "swe-bench")
+HELD_OUT = ("humaneval", "mbpp", "mt-bench")
+PROMPTS_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "prompts"
+
+
+def training_prompts(sets: Sequence[str] = TRAIN_SETS, *, folder: Path = PROMPTS_DIR,
+                     limit: int | None = None) -> list[str]:
+    """First turns of the named prompt sets, interleaved (one of each in turn)."""
+    bad = [s for s in sets if s in HELD_OUT or s not in TRAIN_SETS]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: not a training set (train on "
+                         f"{', '.join(TRAIN_SETS)}; {', '.join(HELD_OUT)} are for measuring)")
+    per_set = []
+    for name in sets:
+        with open(folder / f"{name}.jsonl", encoding="utf-8") as f:
+            per_set.append([json.loads(line)["turns"][0] for line in f if line.strip()])
+    mixed = [p for group in zip(*per_set, strict=False) for p in group]
+    return mixed[:limit]
+
+
+def docstring_prompts(n: int, *, skip: int = 0) -> list[str]:
+    """n prompts made from public functions' docstrings in a fixed list of
+    standard-library modules ("Write a Python function ... that does: <doc>"),
+    the first `skip` left out (a disjoint validation set: skip=n of another call)."""
+    import importlib
+    import inspect
+    out = []
+    for name in ("textwrap", "shlex", "fnmatch", "colorsys", "bisect", "heapq", "statistics",
+                 "string", "calendar", "difflib", "json", "base64", "html", "glob", "zipfile",
+                 "csv", "pprint", "ipaddress", "fractions", "uuid"):
+        module = importlib.import_module(name)
+        for fname, fn in sorted(vars(module).items()):
+            doc = inspect.getdoc(fn) if inspect.isfunction(fn) else None
+            if fname.startswith("_") or not doc or len(doc) < 40:
+                continue
+            out.append(f"Write a Python function `{fname}` that does the following.\n\n"
+                       f"{doc.split(chr(10) * 2)[0]}")
+    return out[skip:skip + n]
+
+
+@torch.no_grad()
+def answer_with_states(target, prompt_ids: Sequence[int], max_new_tokens: int,
+                       stop_ids: Iterable[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy answer of the target to prompt_ids and the final hidden state that
+    scored each answer token: ([n] int64, [n, H])."""
+    stop = set(stop_ids)
+    out = target.prefill(torch.tensor(list(prompt_ids)), hidden_layers=(FINAL_LAYER,))
+    tokens, states = [], []
+    while len(tokens) < max_new_tokens:
+        token = int(out.logits[-1].argmax())
+        tokens.append(token)
+        states.append(out.hidden_states[FINAL_LAYER][-1].float())
+        if token in stop or target.cached_len + 1 >= target.max_seq_len:
+            break
+        out = target.forward(torch.tensor([token]), last_n=1, hidden_layers=(FINAL_LAYER,))
+    return torch.tensor(tokens, dtype=torch.long), torch.stack(states)
+
+
+def collect(target, encode: Callable[[str], list[int]], prompts: Sequence[str],
+            out_dir: str | Path, *, max_new_tokens: int = 256, stop_ids: Iterable[int] = (),
+            progress: bool = True) -> list[Path]:
+    """Answer every prompt (encode: prompt -> chat-formatted ids) into out_dir's
+    shards, skipping shards already written; returns all shard paths in order."""
+    from safetensors.torch import save_file
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{i:06d}.safetensors" for i in range(len(prompts))]
+    todo = [i for i, p in enumerate(paths) if not p.is_file()]
+    stop_ids = tuple(stop_ids)
+    with _progress(progress, len(todo)) as advance:
+        for i in todo:
+            start = time.perf_counter()
+            tokens, hidden = answer_with_states(target, encode(prompts[i]), max_new_tokens,
+                                                stop_ids)
+            tmp = paths[i].with_suffix(".part")
+            save_file({"tokens": tokens, "hidden": hidden.half()}, str(tmp))
+            tmp.rename(paths[i])
+            advance(len(tokens), time.perf_counter() - start)
+    return paths
+
+
+def load_shards(paths: Sequence[Path]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(tokens [n] int64, hidden [n, H] float32) per shard."""
+    from safetensors.torch import load_file
+    out = []
+    for p in paths:
+        t = load_file(str(p))
+        out.append((t["tokens"], t["hidden"].float()))
+    return out
+
+
+class _progress:
+    """A rich progress bar over prompts with answer tokens/s (nothing when off)."""
+
+    def __init__(self, on: bool, total: int) -> None:
+        self.on, self.total, self.tokens, self.seconds = on, total, 0, 0.0
+
+    def __enter__(self) -> Callable[[int, float], None]:
+        if not self.on:
+            return lambda n, s: None
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+        self.bar = Progress(TextColumn("collecting answers"), BarColumn(),
+                            TextColumn("{task.completed}/{task.total} prompts"),
+                            TextColumn("{task.fields[rate]}"), TimeRemainingColumn())
+        self.task = self.bar.add_task("collect", total=self.total, rate="")
+        self.bar.start()
+        return self._advance
+
+    def _advance(self, n: int, seconds: float) -> None:
+        self.tokens, self.seconds = self.tokens + n, self.seconds + seconds
+        self.bar.update(self.task, advance=1,
+                        rate=f"{self.tokens / max(self.seconds, 1e-9):.1f} tok/s")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.on:
+            self.bar.stop()

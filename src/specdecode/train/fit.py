@@ -1,0 +1,170 @@
+"""Training a hidden-state head on self-distilled shards (train/data.py).
+
+Unrolled draft steps ("training-time test"): from each answer position j the
+head runs `depths` steps as it will when drafting, step d reading its own
+feature of step d-1 (the target's state at d = 0) and the answer token
+a_{j+d}, and is scored by cross-entropy on a_{j+d+1} (the target's own greedy
+token), step d weighted DEPTH_DECAY**d. Tokens outside the draft vocabulary
+are not scored (the head cannot draft them). The draft vocabulary is the
+`draft_vocab_size` most frequent answer tokens (and the stop tokens).
+
+Validation (shards held out): per-depth greedy acceptance along the chain,
+accept[d] = P(steps 0..d all drafted the target's token), and the expected
+accepted length at k = depths, tau = 1 + sum(accept) (the bonus token
+included, as EAGLE's papers count it).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specdecode.drafters.hidden_head import HeadConfig, HiddenStateHead
+
+DEPTH_DECAY = 0.8
+
+
+def draft_vocabulary(shards: Sequence[tuple[torch.Tensor, torch.Tensor]], size: int,
+                     vocab_size: int, always: Sequence[int] = ()) -> torch.Tensor:
+    """[size] int64 target ids, sorted: `always` first, then by answer frequency
+    (ties and unseen ids by id)."""
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for tokens, _ in shards:
+        counts += torch.bincount(tokens, minlength=vocab_size).double()
+    counts[list(always)] = math.inf
+    order = torch.argsort(-counts, stable=True)
+    return torch.sort(order[:size]).values
+
+
+@dataclass
+class Windows:
+    """Training windows: start j of each, with the tokens it reads and is scored on.
+
+    hidden: [N, H] target states at the starts; tokens: [N, depths + 1] the answer
+    tokens a_j .. a_{j+depths} (-1 past an answer's end)."""
+
+    hidden: torch.Tensor
+    tokens: torch.Tensor
+
+    @staticmethod
+    def of(shards: Sequence[tuple[torch.Tensor, torch.Tensor]], depths: int) -> Windows:
+        hs, ts = [], []
+        for tokens, hidden in shards:
+            n = len(tokens)
+            if n < 2:
+                continue
+            padded = torch.cat((tokens, torch.full((depths,), -1)))
+            idx = torch.arange(n - 1)[:, None] + torch.arange(depths + 1)[None]
+            hs.append(hidden[: n - 1])
+            ts.append(padded[idx])
+        return Windows(torch.cat(hs), torch.cat(ts))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def unrolled_logits(head: HiddenStateHead, hidden: torch.Tensor,  # [B, H]
+                    tokens: torch.Tensor,  # [B, depths + 1] int64 (-1: none)
+                    ) -> list[torch.Tensor]:  # depths x [B, Vd]
+    """Step d's logits (scoring tokens[:, d + 1]) for each depth, the head fed its
+    own features and the true tokens, as when drafting."""
+    feature, out = hidden, []
+    for d in range(tokens.shape[1] - 1):
+        feature, logits = head.step(feature, tokens[:, d].clamp(min=0))
+        out.append(logits)
+    return out
+
+
+def _labels(t2d: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Draft ids of target ids (-100: outside the draft vocabulary or none)."""
+    return torch.where(tokens >= 0, t2d[tokens.clamp(min=0)], -100)
+
+
+def loss_of(head: HiddenStateHead, t2d: torch.Tensor, batch: Windows) -> torch.Tensor:
+    logits = unrolled_logits(head, batch.hidden, batch.tokens)
+    total = torch.zeros(())
+    for d, row in enumerate(logits):
+        labels = _labels(t2d, batch.tokens[:, d + 1])
+        if (labels >= 0).any():
+            total = total + DEPTH_DECAY ** d * torch.nn.functional.cross_entropy(
+                row.float(), labels, ignore_index=-100)
+    return total
+
+
+@torch.no_grad()
+def acceptance(head: HiddenStateHead, windows: Windows, batch: int = 1024) -> list[float]:
+    """accept[d]: share of windows whose first d + 1 greedy draft steps all match."""
+    hits = torch.zeros(windows.tokens.shape[1] - 1)
+    for s in range(0, len(windows), batch):
+        h, t = windows.hidden[s:s + batch], windows.tokens[s:s + batch]
+        alive = torch.ones(len(t), dtype=torch.bool)
+        for d, logits in enumerate(unrolled_logits(head, h, t)):
+            alive &= head.d2t[logits.argmax(-1)] == t[:, d + 1]
+            hits[d] += alive.sum()
+    return (hits / max(1, len(windows))).tolist()
+
+
+@dataclass
+class TrainResult:
+    """What a run did: steps, windows seen, and the validation curve
+    (training windows seen -> accept per depth and tau)."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    curve: list[dict] = field(default_factory=list)
+
+    @property
+    def tau(self) -> float:
+        return self.curve[-1]["tau"] if self.curve else 1.0
+
+
+def fit(head: HiddenStateHead, train: Windows, val: Windows, *, steps: int,
+        batch: int = 256, lr: float = 1e-3, evals: int = 5, seed: int = 0,
+        report: Callable[[dict], None] | None = None) -> TrainResult:
+    """AdamW on the unrolled loss over `steps` random batches of windows, with a
+    cosine learning rate; the validation acceptance `evals` times along the way."""
+    t2d = torch.full((head.config.target_vocab_size,), -100, dtype=torch.long)
+    t2d[head.d2t] = torch.arange(head.config.draft_vocab_size)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / max(1, steps))))
+    gen, result, start = torch.Generator().manual_seed(seed), TrainResult(), time.perf_counter()
+    at = {round(steps * (i + 1) / evals) for i in range(evals)}
+    head.train()
+    for step in range(1, steps + 1):
+        pick = torch.randint(len(train), (min(batch, len(train)),), generator=gen)
+        loss = loss_of(head, t2d, Windows(train.hidden[pick], train.tokens[pick]))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        if step in at:
+            head.eval()
+            acc = acceptance(head, val)
+            head.train()
+            point = {"step": step, "windows": step * batch, "loss": loss.item(),
+                     "accept": acc, "tau": 1 + sum(acc)}
+            result.curve.append(point)
+            if report:
+                report(point)
+    head.eval()
+    result.steps, result.seconds = steps, time.perf_counter() - start
+    return result
+
+
+def new_head(embed: torch.Tensor,  # [V, H] the target's embedding table
+             lm_head: torch.Tensor,  # [V, H] the target's output projection
+             d2t: torch.Tensor,  # [Vd] int64
+             intermediate_size: int | None = None, eps: float = 1e-6) -> HiddenStateHead:
+    """A head initialised from the target (HiddenStateHead.init_from_target)."""
+    v, h = embed.shape
+    cfg = HeadConfig(h, intermediate_size or 2 * h, len(d2t), v, eps)
+    head = HiddenStateHead(cfg, embed)
+    head.init_from_target(lm_head, d2t)
+    return head
