@@ -23,34 +23,15 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from specdecode.bench import workloads
 from specdecode.costs import cpu_name
 from specdecode.drafters.hidden_head import HiddenHeadDrafter
 from specdecode.engine import SpeculativeDecoder
 from specdecode.llm import LLM
-from specdecode.models import loading, registry
+from specdecode.models import registry
 from specdecode.sampling import SamplingParams
 from specdecode.train import data, fit
-
-
-def target_tables(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """(embedding [V, H], lm_head [V, H]) of a GGUF target, float16 (tied: one table)."""
-    reader = loading.open_gguf(path)
-    tensors = {t.name: t for t in reader.tensors}
-    embed = torch.from_numpy(loading.dequantize_tensor(tensors["token_embd.weight"])).half()
-    out = tensors.get("output.weight")
-    lm_head = embed if out is None else torch.from_numpy(loading.dequantize_tensor(out)).half()
-    return embed, lm_head
-
-
-def prompts_for_training(n: int) -> list[str]:
-    try:
-        shared = data.training_prompts(limit=n)
-    except OSError:
-        shared = []
-    return (shared + data.docstring_prompts(max(0, n - len(shared))))[:n]
+from specdecode.train.run import plot_curve, prompt_set, target_tables
 
 
 def speed(llm: LLM, drafter, prompts: list[list[int]], ks: list[int], n: int) -> list[dict]:
@@ -88,7 +69,7 @@ def main() -> int:
     cache = Path.home() / ".cache" / "specdecode" / "train" / path.stem
     stops = llm.decoder.eos_token_ids
     started = time.perf_counter()
-    train_paths = data.collect(target, encode, prompts_for_training(args.prompts),
+    train_paths = data.collect(target, encode, prompt_set(args.prompts),
                                cache / "greedy", max_new_tokens=args.max_new_tokens,
                                stop_ids=stops)
     collect_s = time.perf_counter() - started
@@ -96,14 +77,14 @@ def main() -> int:
     eval_paths = _collect_ids(target, [p.ids(tok) for p in held], cache / "humaneval-eval",
                               args.max_new_tokens, stops)
     train, val = data.load_shards(train_paths), data.load_shards(eval_paths)
-    embed, lm_head = target_tables(path)
+    embed, lm_head = target_tables(target, path)
     d2t = fit.draft_vocabulary(train, args.draft_vocab, embed.shape[0], always=stops)
     head = fit.new_head(embed, lm_head.float(), d2t)
     wt, wv = fit.Windows.of(train, args.depths), fit.Windows.of(val, args.depths)
     untrained = fit.acceptance(head, wv)
     result = fit.fit(head, wt, wv, steps=args.steps, batch=args.batch, evals=8,
                      report=lambda p: print(json.dumps(p), file=sys.stderr, flush=True))
-    head.save(Path(args.out + "-head"))
+    head.save(cache / "head")  # ~125 MB: the cache, not the repository
     ks = [int(k) for k in args.ks.split(",")]
     rows = speed(llm, HiddenHeadDrafter(head), [p.ids(tok) for p in held[:3]], ks, 128)
     summary = {"cpu": cpu_name(), "command": " ".join(sys.argv), "train_windows": len(wt),
@@ -112,7 +93,7 @@ def main() -> int:
                "curve": result.curve, "tau_eval": result.tau,
                "speed": _speed_summary(rows, ks)}
     Path(args.out + ".json").write_text(json.dumps({**summary, "runs": rows}, indent=1))
-    _plot(result.curve, args.out + ".png")
+    plot_curve(result.curve, Path(args.out + ".png"))
     print(json.dumps(summary, indent=1))
     return 0
 
@@ -133,18 +114,6 @@ def _speed_summary(rows: list[dict], ks: list[int]) -> dict:
             "identical": sum(a["tokens"] == b["tokens"] for a, b in zip(mine, plain,
                                                                           strict=True))}
     return out
-
-
-def _plot(curve: list[dict], path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot([p["windows"] for p in curve], [p["tau"] for p in curve], marker="o")
-    ax.set_xlabel("training windows seen")
-    ax.set_ylabel("expected tau (held-out HumanEval)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":

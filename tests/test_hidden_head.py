@@ -152,3 +152,30 @@ def test_end_to_end_on_smollm2(tmp_path):
     out = SpeculativeDecoder(target, HiddenHeadDrafter(back), 3).generate(
         prompt, SamplingParams(max_tokens=40, ignore_eos=True))
     assert out.token_ids == want and out.stats.accepted > 0
+    check_loaded_by_name(tmp_path / "head", want, prompt)
+
+
+def check_loaded_by_name(head_dir, want: list[int], prompt: list[int]) -> None:
+    """LLM.load(..., drafter="hidden-head", head=...) on both backends: torch float32
+    drafts plain's tokens; llama.cpp (its own kernels: another rounding) drafts, and
+    its output is compared with its own plain decoding."""
+    from specdecode.llm import LLM
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    llm = LLM.load("smollm2-135m", drafter="hidden-head", head=str(head_dir), k=3,
+                   dtype="float32", backend="torch", adaptive=False)
+    out = llm.decoder.generate(prompt, params)
+    assert out.token_ids == want and out.stats.accepted > 0
+    fast = LLM.load("smollm2-135m", drafter="hidden-head", head=str(head_dir), k=3,
+                    backend="llama.cpp", adaptive=False)
+    spec = fast.decoder.generate(prompt, params)
+    plain = SpeculativeDecoder(fast.decoder.target, None).generate(prompt, params)
+    assert spec.stats.accepted > 0 and spec.token_ids == plain.token_ids
+
+
+def test_head_options_are_checked(tmp_path):
+    from specdecode.options import LoadSpec, OptionError
+    from specdecode.plan import Facts, resolve
+    with pytest.raises(OptionError, match="no trained head"):
+        LoadSpec(drafter="hidden-head", head=tmp_path)
+    with pytest.raises(OptionError, match="needs a head"):
+        resolve(LoadSpec("smollm2-135m", drafter="hidden-head"), Facts.here())

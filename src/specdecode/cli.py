@@ -64,6 +64,7 @@ LOAD_FLAGS = {
     "draft_quant": "--draft-quant", "draft_confidence": "--draft-confidence",
     "ngram_max": "--ngram-max", "ngram_min": "--ngram-min", "dtype": "--dtype",
     "device": "--device", "max_seq_len": "--max-context", "backend": "--backend",
+    "head": "--head",
 }
 
 
@@ -81,6 +82,8 @@ def _load_arguments() -> dict[str, tuple[tuple[str, ...], dict]]:
             choices=DRAFTERS, help="how drafts are proposed (default: draft-model if a draft "
             "model is known, else none; auto when adaptive: the draft model if the measured "
             "costs say it can pay, else n-gram)")),
+        "head": (("--head",), dict(
+            help="a trained hidden-state head's folder (with --drafter hidden-head)")),
         "adaptive": (("--adaptive",), dict(
             action=argparse.BooleanOptionalAction, help="draft each step only as many tokens "
             "as pay for their verification (default: when the target's measured cost curve "
@@ -183,6 +186,17 @@ def build_parser() -> Parser:
                    help="the model name clients send (default: the target's name)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
                    default="info")
+
+    p = sub.add_parser("train", help="distil a hidden-state head from the target on this "
+                                      "machine (its own answers to training prompts)")
+    add_load_args(p, without=("draft_model", "drafter", "k", "adaptive", "draft_quant",
+                              "draft_confidence", "ngram_max", "ngram_min", "head"))
+    p.add_argument("--out", type=Path, required=True, help="folder for the trained head")
+    p.add_argument("--prompts", type=_positive_int, default=200)
+    p.add_argument("--max-new-tokens", type=_positive_int, default=192)
+    p.add_argument("--steps", type=_positive_int, default=600)
+    p.add_argument("--batch", type=_positive_int, default=256)
+    p.add_argument("--draft-vocab", type=_positive_int, default=8192)
 
     p = sub.add_parser("build-llama-cpp",
                        help="build llama.cpp for this CPU (AVX-512, no AMX) into the cache; "
@@ -443,6 +457,28 @@ def cmd_advise(args) -> int:
     return run(args, load_spec(args))
 
 
+def cmd_train(args) -> int:
+    import json
+
+    from specdecode.llm import LLM
+    from specdecode.train.run import RunOptions, distil, target_tables
+
+    llm = LLM.from_spec(load_spec(args, drafter="none", max_seq_len=args.max_seq_len or 2048))
+    target, path = llm.decoder.target, Path(llm.info.target)
+    embed, lm_head = target_tables(target, path)
+    cache = Path.home() / ".cache" / "specdecode" / "train" / f"{path.stem}-{llm.info.backend}"
+    options = RunOptions(prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+                         steps=args.steps, batch=args.batch, draft_vocab=args.draft_vocab)
+    summary = distil(target, lambda p: llm.encode(p, chat=True), embed, lm_head,
+                     llm.decoder.eos_token_ids, cache, args.out, options,
+                     report=lambda p: print(f"step {p['step']}: tau {p['tau']:.2f} "
+                                            f"(validation)", file=sys.stderr))
+    print(json.dumps({k: v for k, v in summary.items() if k != "curve"}, indent=1))
+    print(f"use it: specdecode generate --target {args.target} --drafter hidden-head "
+          f"--head {args.out} --chat 'your prompt'", file=sys.stderr)
+    return 0
+
+
 def cmd_build_llama_cpp(args) -> int:
     from specdecode.models import llama_cpp_build
 
@@ -452,7 +488,7 @@ def cmd_build_llama_cpp(args) -> int:
 
 COMMANDS = {"build-llama-cpp": cmd_build_llama_cpp, "pull": cmd_pull,
             "models": cmd_models, "generate": cmd_generate, "demo": cmd_demo,
-            "serve": cmd_serve, "bench": cmd_bench, "advise": cmd_advise}
+            "serve": cmd_serve, "bench": cmd_bench, "advise": cmd_advise, "train": cmd_train}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -20,7 +20,7 @@ from specdecode.drafters import DraftModelDrafter, NgramDrafter, VocabularyMisma
 from specdecode.drafters.base import Drafter
 from specdecode.engine import SpeculativeDecoder
 from specdecode.models.base import CausalLM
-from specdecode.models.loading import Loaded
+from specdecode.models.loading import Loaded, gguf_embedding
 from specdecode.models.quant import quantize_int8
 from specdecode.options import BACKENDS, DRAFTERS, LoadSpec
 from specdecode.plan import DRAFTERS as DRAFTER_RULES
@@ -116,6 +116,7 @@ class LLM:
         draft_confidence: float = 0.3,
         backend: str | None = None,
         adaptive: bool | None = None,
+        head: str | None = None,
     ) -> LLM:
         """Load by registry name or path: `LLM.from_spec` of the LoadSpec these keyword
         arguments make (options.py says what each means; plan.py the defaults).
@@ -133,11 +134,12 @@ class LLM:
         draft after a token the draft model gave less than this probability.
         backend: torch | llama.cpp | auto (llama.cpp for GGUF files on CPU when
         built, else torch; None: $SPECDECODE_BACKEND, else auto), chosen per model.
+        head: a trained hidden-state head's folder, for drafter "hidden-head".
         `info.choice` says what was chosen from costs. Bad options raise
         OptionError (a ValueError) naming the keyword argument."""
         return cls.from_spec(LoadSpec(
             target, draft_model, drafter, k, backend, dtype, device, max_seq_len, ngram_max,
-            ngram_min, draft_quant, draft_confidence, adaptive))
+            ngram_min, draft_quant, draft_confidence, adaptive, head))
 
     @classmethod
     def from_spec(cls, spec: LoadSpec, facts: Facts | None = None) -> LLM:
@@ -388,6 +390,14 @@ def _draft_model_drafter(plan: Plan, models: LoadedModels) -> Drafter:
                                     confidence_threshold=plan.spec.draft_confidence)
 
 
+def _hidden_head_drafter(plan: Plan, models: LoadedModels) -> Drafter:
+    from specdecode.drafters.hidden_head import HiddenHeadDrafter, HiddenStateHead
+    target = models.target.model
+    embed = (target.embed_tokens.weight if hasattr(target, "embed_tokens")
+             else gguf_embedding(plan.target.path))
+    return HiddenHeadDrafter(HiddenStateHead.load(plan.spec.head, embed))
+
+
 # Drafters by name: (make one for a plan on loaded models, the LoadSpec fields that key
 # one shared by several LLMs on the same models; None: a new one for each). The draft
 # model's drafter is shared: it tracks what the draft model's KV cache holds.
@@ -395,6 +405,7 @@ DRAFTER_FACTORIES: dict[str, tuple[Callable[[Plan, LoadedModels], Drafter],
                                    tuple[str, ...] | None]] = {
     "ngram": (_ngram_drafter, None),
     "draft-model": (_draft_model_drafter, ("draft_confidence",)),
+    "hidden-head": (_hidden_head_drafter, ("head",)),
 }
 
 

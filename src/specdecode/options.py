@@ -17,8 +17,9 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 
-DRAFTERS = ("auto", "draft-model", "ngram", "none")
+DRAFTERS = ("auto", "draft-model", "ngram", "hidden-head", "none")
 BACKENDS = ("auto", "torch", "llama.cpp")
 DRAFT_QUANTS = ("auto", "int8", "none")
 DTYPES = ("bfloat16", "float32", "float16", "bf16", "fp32", "fp16")
@@ -72,7 +73,9 @@ class LoadSpec:
     (None: $SPECDECODE_BACKEND, else auto). dtype, device: the torch backend's.
     max_seq_len: KV cache size in tokens. ngram_max / ngram_min: n-gram lengths
     looked up. draft_quant: auto | int8 | none. draft_confidence: in [0, 1].
-    adaptive: the closed-loop engine (None: from the target's cost curve)."""
+    adaptive: the closed-loop engine (None: from the target's cost curve).
+    head: a trained hidden-state head's folder (drafter hidden-head;
+    drafters/hidden_head.py, trained by specdecode.train)."""
 
     target: str | os.PathLike = "default"
     draft_model: str | os.PathLike | None = None
@@ -87,6 +90,7 @@ class LoadSpec:
     draft_quant: str = "auto"
     draft_confidence: float = 0.3
     adaptive: bool | None = None
+    head: str | os.PathLike | None = None
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -104,6 +108,9 @@ def _check_choices(s: LoadSpec) -> None:
     if _dtype_name(s.dtype) not in DTYPES:
         raise OptionError(f"unknown <dtype> '{s.dtype}'; choose one of float32, bfloat16, "
                           "float16")
+    if s.head is not None and not (Path(s.head) / "config.json").is_file():
+        raise OptionError(f"<head> {s.head}: no trained head there (a folder with "
+                          "config.json and model.safetensors, as HiddenStateHead.save writes)")
     if s.adaptive is not None and not isinstance(s.adaptive, bool):
         raise OptionError(f"<adaptive> must be True, False or None, got {s.adaptive!r}")
 

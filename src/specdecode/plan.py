@@ -72,6 +72,7 @@ DRAFTERS: dict[str, DrafterRule] = {
     "auto": DrafterRule(("ngram", "draft-model"), False, True, True, (16, 64)),
     "draft-model": DrafterRule(("draft-model",), True, True, False, (8, 8)),
     "ngram": DrafterRule(("ngram",), False, False, False, (16, 64)),
+    "hidden-head": DrafterRule(("hidden-head",), False, False, False, (3, 4)),
     "none": DrafterRule((), False, False, False, (8, 8)),
 }
 NGRAM_MAX = (3, 8)  # (fixed, adaptive): the policy needs precise matches more than many
@@ -217,6 +218,10 @@ def _settled(spec: LoadSpec, target: ModelPlan, draft: ModelPlan | None,
                           "costs: it cannot run with <adaptive> off")
     if rule.needs_draft and draft is None:
         raise OptionError(f"<drafter> '{drafter}' needs a <draft_model>")
+    if (drafter == "hidden-head") != (spec.head is not None):
+        raise OptionError("<drafter> 'hidden-head' needs a <head>" if spec.head is None
+                          else f"<head> is the hidden-head drafter's: set <drafter> hidden-head"
+                          f" (not {drafter})")
     draft = draft if rule.uses_draft else None
     builds = tuple(d for d in rule.builds if d != "draft-model" or draft is not None)
     ngram_max = spec.ngram_max if spec.ngram_max is not None else NGRAM_MAX[adaptive]

@@ -206,6 +206,12 @@ def open_gguf(path: Path):
     return reader
 
 
+def gguf_embedding(path: str | Path) -> torch.Tensor:  # -> [vocab, hidden] float16
+    """The token embedding table of a GGUF file, dequantized (float16)."""
+    tensors = {t.name: t for t in open_gguf(Path(path)).tensors}
+    return torch.from_numpy(dequantize_tensor(tensors["token_embd.weight"])).half()
+
+
 def read_config(path: str | Path) -> ModelConfig:
     """A model's config from metadata only (GGUF header, converted cache or config.json)."""
     path = Path(path)

@@ -69,8 +69,11 @@ def docstring_prompts(n: int, *, skip: int = 0) -> list[str]:
 def answer_with_states(target, prompt_ids: Sequence[int], max_new_tokens: int,
                        stop_ids: Iterable[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy answer of the target to prompt_ids and the final hidden state that
-    scored each answer token: ([n] int64, [n, H])."""
+    scored each answer token: ([n] int64, [n, H]); a prompt that leaves no room in
+    the target's context gets none ([0], [0, 0])."""
     stop = set(stop_ids)
+    if len(prompt_ids) + 1 >= target.max_seq_len:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, 0)
     out = target.prefill(torch.tensor(list(prompt_ids)), hidden_layers=(FINAL_LAYER,))
     tokens, states = [], []
     while len(tokens) < max_new_tokens:

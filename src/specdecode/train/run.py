@@ -1,0 +1,101 @@
+"""One distillation run: collect, split, train, save, summarise (what `specdecode train` does).
+
+The prompts are split before anything is collected: the last `val_share` of
+them answer the validation shards the run reports acceptance on (never
+trained on). Shards live in `cache / "greedy"`, so a killed or repeated run
+reuses the answers it has. The head folder gets the head (HiddenStateHead.save),
+`summary.json` and `curve.png` (expected tau against training windows seen).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdecode.train import data, fit
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """prompts: how many training prompts (the training sets, then prompts made from
+    docstrings); max_new_tokens: per answer; steps / batch / lr: the optimiser's;
+    depths: unrolled draft steps; draft_vocab: the head's vocabulary size."""
+
+    prompts: int = 200
+    max_new_tokens: int = 192
+    steps: int = 600
+    batch: int = 256
+    lr: float = 1e-3
+    depths: int = 4
+    draft_vocab: int = 8192
+    val_share: float = 0.1
+
+
+def prompt_set(n: int) -> list[str]:
+    """n training prompts: the shared training sets when present, then docstrings."""
+    try:
+        shared = data.training_prompts(limit=n)
+    except OSError:
+        shared = []
+    return (shared + data.docstring_prompts(max(0, n - len(shared))))[:n]
+
+
+def target_tables(target, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embedding [V, H], lm_head [V, H]) of the target: a torch model's own tensors,
+    else read from its GGUF file (float16; a tied model's lm_head is the embedding)."""
+    if hasattr(target, "embed_tokens"):
+        return target.embed_tokens.weight, target.lm_head.weight
+    from specdecode.models import loading
+    embed = loading.gguf_embedding(path)
+    out = {t.name: t for t in loading.open_gguf(path).tensors}.get("output.weight")
+    lm_head = embed if out is None else torch.from_numpy(loading.dequantize_tensor(out)).half()
+    return embed, lm_head
+
+
+def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [V, H]
+           lm_head: torch.Tensor,  # [V, H]
+           stop_ids: tuple[int, ...], cache: Path, out: Path, options: RunOptions,
+           *, progress: bool = True, report: Callable[[dict], None] | None = None) -> dict:
+    """Train a head for `target` (a CausalLM exposing FINAL_LAYER) and save it to out."""
+    prompts = prompt_set(options.prompts)
+    n_val = max(1, round(len(prompts) * options.val_share))
+    start = time.perf_counter()
+    paths = data.collect(target, encode, prompts, cache / "greedy",
+                         max_new_tokens=options.max_new_tokens, stop_ids=stop_ids,
+                         progress=progress)
+    collect_s = time.perf_counter() - start
+    train, val = data.load_shards(paths[:-n_val]), data.load_shards(paths[-n_val:])
+    d2t = fit.draft_vocabulary(train, options.draft_vocab, embed.shape[0], always=stop_ids)
+    head = fit.new_head(embed, lm_head.float(), d2t)
+    wt, wv = fit.Windows.of(train, options.depths), fit.Windows.of(val, options.depths)
+    untrained = fit.acceptance(head, wv)
+    result = fit.fit(head, wt, wv, steps=options.steps, batch=options.batch, lr=options.lr,
+                     evals=8, report=report)
+    head.save(out)
+    summary = {"prompts": len(prompts), "validation_prompts": n_val,
+               "train_tokens": int(sum(len(t) for t, _ in train)), "train_windows": len(wt),
+               "collect_s": collect_s, "train_s": result.seconds,
+               "untrained_accept": untrained, "accept": result.curve[-1]["accept"],
+               "tau": result.tau, "curve": result.curve, "options": vars(options)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    plot_curve(result.curve, out / "curve.png")
+    return summary
+
+
+def plot_curve(curve: list[dict], path: Path) -> None:
+    """Expected tau (validation) against training windows seen, as a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot([p["windows"] for p in curve], [p["tau"] for p in curve], marker="o")
+    ax.set_xlabel("training windows seen")
+    ax.set_ylabel("expected tau (validation)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
