@@ -208,8 +208,9 @@ class SpeculativeDecoder:
         self.target.rollback(0)
         layers = self.hidden_layers
         if len(request.context) > 1:
-            out = self.target.prefill(torch.tensor(request.context[:-1], dtype=torch.long),
-                                      hidden_layers=layers)
+            ids = torch.tensor(request.context[:-1], dtype=torch.long)
+            out = (self.target.prefill(ids, hidden_layers=layers) if layers
+                   else self.target.prefill(ids))  # (a model without hidden states too)
             if layers and request.target_out is None:  # the first step's drafters read it
                 request.target_out = TargetOutput(out.logits[-1:], {
                     i: h[-1:] for i, h in out.hidden_states.items()})
