@@ -171,7 +171,8 @@ def test_registries_cover_every_name():
     assert set(plan_module.AUTO_ORDER) == set(BACKENDS)
     assert set(DRAFTERS) == set(options.DRAFTERS)
     built = {name for rule in DRAFTERS.values() for name in rule.builds}
-    assert built == set(llm_module.DRAFTER_FACTORIES) == {"ngram", "draft-model"}
+    assert built == set(llm_module.DRAFTER_FACTORIES) == {"ngram", "draft-model",
+                                                          "hidden-head"}
 
 
 # -- the API and CLI around the spec ---------------------------------------------------
@@ -234,7 +235,7 @@ def test_bench_rows_are_specs():
     assert (row.k, row.ngram_max, row.adaptive) == (16, 4, False)
     assert BenchOptions.load_fields(base) == {f.name: getattr(base, f.name) for f in
                                               fields(LoadSpec) if f.name not in
-                                              ("drafter", "k", "adaptive")}
+                                              ("drafter", "k", "adaptive", "head")}
 
 
 # -- building a plan (tiny random models, torch) -----------------------------------------
