@@ -20,7 +20,7 @@ from specdecode.drafters import DraftModelDrafter, NgramDrafter, VocabularyMisma
 from specdecode.drafters.base import Drafter
 from specdecode.engine import SpeculativeDecoder
 from specdecode.models.base import CausalLM
-from specdecode.models.loading import Loaded, gguf_embedding
+from specdecode.models.loading import Loaded
 from specdecode.models.quant import quantize_int8
 from specdecode.options import BACKENDS, DRAFTERS, LoadSpec
 from specdecode.plan import DRAFTERS as DRAFTER_RULES
@@ -391,10 +391,8 @@ def _draft_model_drafter(plan: Plan, models: LoadedModels) -> Drafter:
 
 
 def _hidden_head_drafter(plan: Plan, models: LoadedModels) -> Drafter:
-    from specdecode.drafters.hidden_head import HiddenHeadDrafter, HiddenStateHead
-    target = models.target.model
-    embed = (target.embed_tokens.weight if hasattr(target, "embed_tokens")
-             else gguf_embedding(plan.target.path))
+    from specdecode.drafters.hidden_head import HiddenHeadDrafter, HiddenStateHead, target_embedding
+    embed = target_embedding(models.target.model, plan.target.path)
     return HiddenHeadDrafter(HiddenStateHead.load(plan.spec.head, embed))
 
 

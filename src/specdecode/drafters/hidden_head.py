@@ -118,6 +118,15 @@ class HiddenStateHead(nn.Module):
         return head.to(dtype).eval()
 
 
+def target_embedding(target, path: str | Path) -> torch.Tensor:  # -> [V, H]
+    """The target's token embedding table: a torch model's own tensor, else read
+    from its GGUF file (float16)."""
+    if hasattr(target, "embed_tokens"):
+        return target.embed_tokens.weight
+    from specdecode.models.loading import gguf_tensors
+    return gguf_tensors(path, ["token_embd.weight"])["token_embd.weight"]
+
+
 class HiddenHeadDrafter(BaseDrafter):
     """Drafts a chain with a HiddenStateHead from the target's final hidden state.
 

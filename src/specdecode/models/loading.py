@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -206,10 +207,12 @@ def open_gguf(path: Path):
     return reader
 
 
-def gguf_embedding(path: str | Path) -> torch.Tensor:  # -> [vocab, hidden] float16
-    """The token embedding table of a GGUF file, dequantized (float16)."""
+def gguf_tensors(path: str | Path, names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """Those of the named tensors a GGUF file has, dequantized: name -> [rows, cols]
+    float16 (one read of the file's index)."""
     tensors = {t.name: t for t in open_gguf(Path(path)).tensors}
-    return torch.from_numpy(dequantize_tensor(tensors["token_embd.weight"])).half()
+    return {n: torch.from_numpy(dequantize_tensor(tensors[n])).half()
+            for n in names if n in tensors}
 
 
 def read_config(path: str | Path) -> ModelConfig:

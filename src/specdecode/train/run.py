@@ -50,11 +50,10 @@ def target_tables(target, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     else read from its GGUF file (float16; a tied model's lm_head is the embedding)."""
     if hasattr(target, "embed_tokens"):
         return target.embed_tokens.weight, target.lm_head.weight
-    from specdecode.models import loading
-    embed = loading.gguf_embedding(path)
-    out = {t.name: t for t in loading.open_gguf(path).tensors}.get("output.weight")
-    lm_head = embed if out is None else torch.from_numpy(loading.dequantize_tensor(out)).half()
-    return embed, lm_head
+    from specdecode.models.loading import gguf_tensors
+    tables = gguf_tensors(path, ["token_embd.weight", "output.weight"])
+    embed = tables["token_embd.weight"]
+    return embed, tables.get("output.weight", embed)
 
 
 def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [V, H]
