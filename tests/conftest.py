@@ -23,7 +23,8 @@ def tiny(seed: int, preset: str = "tiny", **kw) -> Transformer:
 
 def plain_greedy(target: Transformer, prompt: list[int], max_tokens: int, **kw) -> list[int]:
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **kw)
-    return SpeculativeDecoder(target, None).generate(prompt, params).token_ids
+    # a fresh prefill: the reference does not depend on what earlier tests left cached
+    return SpeculativeDecoder(target, None, prefix_cache=False).generate(prompt, params).token_ids
 
 
 class OracleDrafter:

@@ -123,3 +123,34 @@ def test_hf_peers_run_on_the_same_weights(models, tmp_path):
         if e["engine"] == "hf" and e["method"] != "plain":
             assert e["exact_match"] == (1, 1)  # HF's own greedy speculation, float32
             assert e["vs_specdecode_plain"] is not None
+
+
+def test_agent_trajectories_reuse_their_earlier_turns(tmp_path):
+    """The agent workload: each configuration decodes its own three turns; turn 1 runs
+    cold, turns 2-3 reuse the conversation so far from the prefix cache; the report has
+    the per-turn table. The suffix row's store holds the trajectory's turns."""
+    options = BenchOptions(**SMOL, workloads=["agent:1"], max_tokens=8, drafters=["suffix"],
+                           ngram_k=[8], temperatures=[0.0], peers=[], warmup=False)
+    bench = Bench(options, load_models(options))
+    result = json.loads(json.dumps(bench.run(progress=False)))
+    rows = result["runs"]
+    assert [(r["config"], r["turn"]) for r in rows] == [
+        (c, t) for c in ("specdecode plain", "specdecode suffix k=8") for t in (1, 2, 3)]
+    for r in rows:
+        assert r["prompt"] == f"agent-fnmatch/turn{r['turn']}"
+        if r["turn"] == 1:
+            assert r["cached_tokens"] == 0
+        else:  # the turn before's prompt (+ answer), less the few tokens run again so that
+            # the new part has a prefill bucket's length (at most 1/8 of it)
+            before = next(p for p in rows if p["config"] == r["config"]
+                          and p["turn"] == r["turn"] - 1)
+            new = r["prompt_tokens"] - before["prompt_tokens"]
+            assert r["cached_tokens"] >= before["prompt_tokens"] - new // 8 - 1
+        assert r["ttft_seconds"] is not None and 0 < r["ttft_seconds"] <= r["seconds"]
+    plain = [r["token_ids"] for r in rows if r["config"] == "specdecode plain"]
+    assert [r["token_ids"] for r in rows if r["config"] != "specdecode plain"] == plain
+    assert len(result["turns"]) == 6 and {t["turn"] for t in result["turns"]} == {1, 2, 3}
+    [suffix] = bench.models.llms["specdecode suffix k=8"].decoder.drafters
+    assert suffix.store.stats()["texts"] == 1  # three turns of one conversation: one text
+    paths = report.write(result, tmp_path / "agent", plot=False)
+    assert "## Per turn (multi-turn workloads)" in paths["markdown"].read_text()

@@ -15,6 +15,7 @@ import torch
 from scipy.stats import chisquare
 
 from specdecode import Draft, DraftModelDrafter, SamplingParams, SpeculativeDecoder
+from specdecode.drafters import SuffixDrafter, SuffixStore
 from specdecode.models import ModelConfig, Transformer
 from specdecode.sampling import logits_to_probs
 from specdecode.verify import SamplingVerifier, VerifyResult
@@ -94,11 +95,27 @@ CONFIGS = {
     "T0.8-topk3-topp0.9-k3": (
         3, "model", SamplingParams(temperature=0.8, top_k=3, top_p=0.9, max_tokens=4)),
     "T1-minp0.1-k2-no-q": (2, "random", SamplingParams(temperature=1.0, min_p=0.1, max_tokens=3)),
+    "T1-k3-suffix-store": (3, "suffix", SamplingParams(temperature=1.0, max_tokens=4)),
+    "T0.7-topp0.9-k4-suffix-store": (
+        4, "suffix", SamplingParams(temperature=0.7, top_p=0.9, max_tokens=5)),
 }
 
 
+def suffix_drafter() -> SuffixDrafter:
+    """Suffix lookup with a store of earlier texts: over V = 6 tokens the request's own
+    text matches from the second token on, so the drafts are point masses from real
+    lookups, most frequent continuation first (the store's texts, random strings, are
+    never matched 16 tokens long: tests/test_suffix.py covers the store)."""
+    g = torch.Generator().manual_seed(3)
+    store = SuffixStore()
+    for _ in range(20):
+        store.add(PROMPT + torch.randint(0, V, (12,), generator=g).tolist())
+    return SuffixDrafter(store)
+
+
 def make_decoder(k: int, kind: str, target, draft, **kw) -> SpeculativeDecoder:
-    drafter = DraftModelDrafter(draft, target) if kind == "model" else RandomTokenDrafter()
+    drafter = (DraftModelDrafter(draft, target) if kind == "model" else
+               suffix_drafter() if kind == "suffix" else RandomTokenDrafter())
     return SpeculativeDecoder(target, drafter, k, **kw)
 
 
@@ -136,13 +153,14 @@ def test_a_seeded_sample_is_the_same_with_drafts_without_q():
     target = TableLM(V, seed=10)
     params = SamplingParams(temperature=1.0, max_tokens=8)
     plain = SpeculativeDecoder(target, None)
-    spec = make_decoder(3, "random", target, None)
-    accepted = 0
-    for seed in range(200):
-        out = spec.generate(PROMPT, params, seed=seed)
-        assert out.token_ids == plain.generate(PROMPT, params, seed=seed).token_ids, seed
-        accepted += out.stats.accepted
-    assert accepted > 50  # drafts were kept, not only rejected
+    for kind in ("random", "suffix"):
+        spec = make_decoder(3, kind, target, None)
+        accepted = 0
+        for seed in range(200):
+            out = spec.generate(PROMPT, params, seed=seed)
+            assert out.token_ids == plain.generate(PROMPT, params, seed=seed).token_ids, seed
+            accepted += out.stats.accepted
+        assert accepted > 50, kind  # drafts were kept, not only rejected
 
 
 @pytest.mark.slow

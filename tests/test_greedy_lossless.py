@@ -6,6 +6,7 @@ import pytest
 
 from conftest import OracleDrafter, plain_greedy, tiny
 from specdecode import DraftModelDrafter, NgramDrafter, SamplingParams, SpeculativeDecoder
+from specdecode.drafters import SuffixDrafter, SuffixStore
 
 KS = [1, 2, 3, 5, 8]
 PROMPTS = {
@@ -26,11 +27,18 @@ def make_drafter(kind: str, target, truth: list[int]):
         return NgramDrafter(max_n=3, min_n=1)
     if kind == "always-wrong":
         return OracleDrafter(truth, target.vocab_size)
+    if kind == "suffix":
+        return SuffixDrafter()  # this request's text only
+    if kind == "suffix-store":  # an earlier request's text: its own greedy output, half
+        store = SuffixStore()   # of it perturbed, so drafts are both kept and rejected
+        store.add([t if i % 7 else (t + 1) % target.vocab_size for i, t in enumerate(truth)])
+        return SuffixDrafter(store)
     raise AssertionError(kind)
 
 
 @pytest.mark.parametrize("prompt_name", list(PROMPTS))
-@pytest.mark.parametrize("kind", ["other-model", "self", "ngram", "always-wrong"])
+@pytest.mark.parametrize("kind", ["other-model", "self", "ngram", "always-wrong", "suffix",
+                                  "suffix-store"])
 @pytest.mark.parametrize("k", KS)
 def test_greedy_identical_to_plain(target, prompt_name, kind, k):
     prompt = PROMPTS[prompt_name]
@@ -47,6 +55,8 @@ def test_greedy_identical_to_plain(target, prompt_name, kind, k):
     if kind == "self":
         assert stats.acceptance_rate == 1.0
         assert stats.drafted > 0
+    if kind == "suffix-store":
+        assert 0 < stats.accepted < stats.drafted
     if kind == "always-wrong":
         assert stats.acceptance_rate == 0.0
         assert stats.steps == MAX_TOKENS  # one recovered token per step

@@ -66,10 +66,15 @@ def test_greedy_speculation_still_equals_plain_at_every_bucket_edge():
         assert decoder.generate(prompt, params).token_ids == plain_greedy(target, prompt, 12)
 
 
-def test_server_runs_few_prompt_shapes():
+@pytest.mark.parametrize("prefix_cache", ["0", "1"])
+def test_server_runs_few_prompt_shapes(prefix_cache, monkeypatch):
     """60 distinct prompt lengths (20..315 tokens; 19..314 are prefilled) run at
-    17 shapes of prompt rows (multiples of 16 from 32 to 256, then 288, 320)."""
+    17 shapes of prompt rows (multiples of 16 from 32 to 256, then 288, 320). With the
+    prefix cache on, each prompt here extends the last: only its new tokens run, at
+    most a verification pass's length (65) or else at a bucket length."""
+    monkeypatch.setenv("SPECDECODE_PREFIX_CACHE", prefix_cache)
     llm = smol_llm()
+    llm.target.rollback(0)
     shapes: set[int] = set()
     hook = llm.target.layers[0].self_attn.q_proj.register_forward_pre_hook(
         lambda module, args: shapes.add(args[0].shape[1]))
@@ -83,6 +88,10 @@ def test_server_runs_few_prompt_shapes():
     finally:
         hook.remove()
     prompt_shapes = {t for t in shapes if t > llm.k + 1}
+    if prefix_cache == "1":
+        assert prompt_shapes and all(t <= 65 or prefill_bucket(t, 1024) == t
+                                     for t in prompt_shapes), sorted(prompt_shapes)
+        return
     assert prompt_shapes == {prefill_bucket(n - 1, 1024) for n in LENGTHS}, sorted(prompt_shapes)
     assert len(prompt_shapes) == 17
 

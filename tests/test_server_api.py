@@ -186,6 +186,31 @@ def test_health_metrics_and_auth(server, oai):
         bad_ant.messages.create(model=NAME, max_tokens=4, messages=CHAT)
 
 
+def test_a_second_turn_reuses_the_first_from_the_prefix_cache(server, oai, ant):
+    """Turn 2 of a conversation resends turn 1 and its answer: usage says how many prompt
+    tokens came from the cache (OpenAI prompt_tokens_details.cached_tokens, Anthropic
+    cache_read_input_tokens), /metrics counts them, and the answer is the library's."""
+    first = oai.chat.completions.create(model=NAME, messages=CHAT, temperature=0,
+                                        max_tokens=16)
+    turn2 = CHAT + [{"role": "assistant", "content": first.choices[0].message.content},
+                    {"role": "user", "content": "Now three animals."}]
+    want, n_prompt = expected(turn2, temperature=0.0, max_tokens=12)
+    oai.chat.completions.create(model=NAME, messages=CHAT, temperature=0, max_tokens=16)
+    r = oai.chat.completions.create(model=NAME, messages=turn2, temperature=0, max_tokens=12)
+    assert r.choices[0].message.content == want.text
+    cached = r.usage.prompt_tokens_details.cached_tokens
+    assert n_prompt // 2 < cached < n_prompt
+    m = ant.messages.create(model=NAME, max_tokens=12, messages=turn2, extra_body=GREEDY)
+    assert m.usage.input_tokens == n_prompt and m.usage.cache_read_input_tokens == n_prompt - 1
+    with client(server.url, KEY) as c:
+        text = c.get("/metrics").text
+    values = {line.split()[0]: float(line.split()[-1]) for line in text.splitlines()
+              if line.startswith(("specdecode_prefix_cache", "specdecode_suffix_store"))}
+    assert values["specdecode_prefix_cache_tokens_total"] >= cached
+    assert values["specdecode_prefix_cache_hits_total"] >= 2
+    assert values["specdecode_suffix_store_tokens"] == 0  # this server's drafter has none
+
+
 def test_control_token_text_is_text_on_both_apis(oai, ant):
     llm = smol_llm()
     tok, evil = llm.tokenizer, hostile(llm.tokenizer)

@@ -54,6 +54,7 @@ from pathlib import Path
 
 from specdecode.bench import workloads
 from specdecode.bench.load import busy_load, force_wrong_drafts
+from specdecode.bench.runner import forget
 from specdecode.costs import cpu_name
 from specdecode.models import llama_cpp_build, loading, registry
 from specdecode.sampling import SamplingParams
@@ -94,9 +95,11 @@ class Server:
                 time.sleep(0.5)
         raise RuntimeError(f"llama-server ({self.label}) did not become healthy")
 
-    def complete(self, ids: list[int], n: int, temperature: float, seed: int) -> dict:
+    def complete(self, ids: list[int], n: int, temperature: float, seed: int,
+                 cold: bool = True) -> dict:
+        """cold: the prompt is processed whole (cache_prompt false), as a first turn."""
         body = {"prompt": ids, "n_predict": n, "temperature": temperature, "top_k": 0,
-                "top_p": 1.0, "min_p": 0.0, "seed": seed, "cache_prompt": True,
+                "top_p": 1.0, "min_p": 0.0, "seed": seed, "cache_prompt": not cold,
                 "return_tokens": True}
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion",
                                      data=json.dumps(body).encode(),
@@ -106,7 +109,9 @@ class Server:
         t = out["timings"]
         drafted, accepted = t.get("draft_n", 0), t.get("draft_n_accepted", 0)
         return {"tokens": out["tokens"], "tps": t["predicted_per_second"],
-                "drafted": drafted, "accepted": accepted, "steps": None}
+                "drafted": drafted, "accepted": accepted, "steps": None,
+                "prefill_seconds": t["prompt_ms"] / 1000,
+                "cached_tokens": t.get("cache_n", len(ids) - t["prompt_n"])}
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -134,8 +139,10 @@ class Engine:
         child.close()
         self.info = self._reply()  # choice, drafter, costs
 
-    def complete(self, ids: list[int], n: int, temperature: float, seed: int) -> dict:
-        self.conn.send((ids, n, temperature, seed))
+    def complete(self, ids: list[int], n: int, temperature: float, seed: int,
+                 cold: bool = True) -> dict:
+        """cold: the worker forgets earlier requests first (bench.runner.forget)."""
+        self.conn.send((ids, n, temperature, seed, cold))
         return self._reply()
 
     def _reply(self) -> dict:
@@ -166,7 +173,9 @@ def _serve(conn, load_kwargs: dict) -> None:
     conn.send({"choice": llm.info.choice, "drafter": llm.info.drafter,
                "costs": llm.info.costs})
     while (job := conn.recv()) is not None:
-        ids, n, temperature, seed = job
+        ids, n, temperature, seed, cold = job
+        if cold:
+            forget(llm)
         try:
             result = llm.generate(ids, SamplingParams(temperature=temperature, max_tokens=n),
                                   seed, speculative=llm.speculative)
@@ -177,6 +186,7 @@ def _serve(conn, load_kwargs: dict) -> None:
         decode = s.wall_time - s.prefill_time
         conn.send({"tokens": result.token_ids, "tps": len(result.token_ids) / decode,
                    "drafted": s.drafted, "accepted": s.accepted, "steps": s.steps,
+                   "prefill_seconds": s.prefill_time, "cached_tokens": s.cached_tokens,
                    "per_step": [list(x) for x in zip(s.drafted_per_step, s.accepted_per_step,
                                                        strict=True)]})
 
@@ -196,6 +206,8 @@ def main() -> int:
                     help="also run specdecode's draft model at this fixed k (0: skip)")
     ap.add_argument("--drafter", default="auto",
                     help="specdecode's adaptive configuration: auto (chosen from costs), ngram")
+    ap.add_argument("--suffix", action="store_true",
+                    help="also run the adaptive engine with the suffix drafter")
     ap.add_argument("--wrong-drafts", action="store_true",
                     help="also run the shipped default with every draft token forced wrong")
     ap.add_argument("--threads", type=int, default=2)
@@ -218,6 +230,8 @@ def main() -> int:
     auto.label = ("specdecode auto (shipped default)" if args.drafter == "auto" else
                   f"specdecode {auto.info['drafter']} adaptive")
     engines.append(auto)
+    if args.suffix:
+        engines.append(Engine("specdecode suffix adaptive", drafter="suffix", adaptive=True))
     if args.wrong_drafts:
         engines.append(Engine("specdecode auto, drafts forced wrong", drafter=args.drafter,
                               wrong_drafts=True))
@@ -242,18 +256,9 @@ def main() -> int:
         load.enter_context(busy_load(args.background_load))
         for t in temps:
             for p in prompts:
-                ids = p.ids(tok)
                 for seed in range(args.seed, args.seed + (args.seeds if t > 0 else 1)):
                     for c in configs:
-                        if getattr(c, "fresh", False):
-                            c.restart()
-                            c.complete(ids[:64], 1, 0.0, 0)  # warm-up
-                        out = c.complete(ids, args.max_tokens, t, seed)
-                        rows.append({"workload": p.workload, "prompt": p.name, "seed": seed,
-                                     "temperature": t, "config": c.label, **out})
-                        print(f"{p.name:14} T={t:<4} seed {seed} {c.label:38} "
-                              f"{out['tps']:6.2f} tok/s drafted {out['drafted']:4} "
-                              f"accepted {out['accepted']:4}", file=sys.stderr, flush=True)
+                        rows += trajectory(c, p, tok, args.max_tokens, t, seed)
     finally:
         load.close()
         for c in [*servers, *engines]:
@@ -266,9 +271,64 @@ def main() -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps({"meta": meta, "summary": report,
                                                     "runs": rows}, indent=1))
-    Path(args.out + ".md").write_text(markdown(meta, report))
-    print(markdown(meta, report))
+    text = markdown(meta, report) + turn_table(rows, [c.label for c in configs])
+    Path(args.out + ".md").write_text(text)
+    print(text)
     return 0
+
+
+def turn_table(rows: list[dict], labels: list[str]) -> str:
+    """Multi-turn prompts: per (workload, T, turn, configuration) medians over the
+    trajectories of prefill seconds, prompt tokens reused and decoding tok/s."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if "/turn" in r["prompt"]:
+            groups.setdefault((r["workload"], r["temperature"], r["turn"], r["config"]),
+                              []).append(r)
+    if not groups:
+        return ""
+    lines = ["\nPer turn (each configuration decodes its own trajectory; prefill: the prompt "
+             "tokens not reused from the cache):\n",
+             "| workload | T | turn | configuration | prompt tokens | reused | prefill s | "
+             "tok/s |", "|---|---|---|---|---|---|---|---|"]
+    order = {label: i for i, label in enumerate(labels)}
+    for (w, t, turn, label), rs in sorted(groups.items(), key=lambda kv: (
+            kv[0][0], kv[0][1], kv[0][2], order[kv[0][3]])):
+        med = {key: statistics.median(r[key] for r in rs)
+               for key in ("prompt_tokens", "cached_tokens", "prefill_seconds", "tps")}
+        lines.append(f"| {w} | {t:g} | {turn} | {label} | {med['prompt_tokens']:.0f} | "
+                     f"{med['cached_tokens']:.0f} | {med['prefill_seconds']:.2f} | "
+                     f"{med['tps']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def trajectory(c, p: workloads.Prompt, tok, max_tokens: int, t: float, seed: int
+               ) -> list[dict]:
+    """One configuration on a prompt: a row per turn. A prompt with follow-ups is an
+    agent trajectory: each next prompt is the conversation so far with this
+    configuration's own answers, so each side's prompt cache (llama-server's slot,
+    specdecode's prefix cache) and drafting from earlier turns show. Every first turn
+    starts cold on both sides (llama-server: cache_prompt off; specdecode: cache and
+    store emptied), and a server with memory across requests (fresh: ngram-mod)
+    restarts before it."""
+    rows, messages = [], list(p.messages)
+    for turn in range(1 + len(p.followups)):
+        if turn:
+            messages += [{"role": "assistant", "content": tok.decode(rows[-1]["tokens"])},
+                         {"role": "user", "content": p.followups[turn - 1]}]
+        ids = workloads.Prompt(p.workload, p.name, tuple(messages)).ids(tok)
+        if turn == 0 and getattr(c, "fresh", False):
+            c.restart()
+            c.complete(ids[:64], 1, 0.0, 0)  # warm-up
+        out = c.complete(ids, max_tokens, t, seed, cold=turn == 0)
+        name = f"{p.name}/turn{turn + 1}" if p.followups else p.name
+        rows.append({"workload": p.workload, "prompt": name, "turn": turn + 1, "seed": seed,
+                     "temperature": t, "config": c.label, "prompt_tokens": len(ids), **out})
+        print(f"{name:14} T={t:<4} seed {seed} {c.label:38} {out['tps']:6.2f} tok/s drafted "
+              f"{out['drafted']:4} accepted {out['accepted']:4} prefill "
+              f"{out['prefill_seconds']:5.2f} s ({out['cached_tokens']} of {len(ids)} reused)",
+              file=sys.stderr, flush=True)
+    return rows
 
 
 def summarise(rows: list[dict], labels: list[str], temps: list[float]) -> list[dict]:

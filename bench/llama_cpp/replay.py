@@ -39,6 +39,7 @@ from specdecode.bench import workloads
 from specdecode.controller import Controller
 from specdecode.drafters import NgramDrafter
 from specdecode.drafters.base import Draft
+from specdecode.drafters.suffix import SuffixDrafter, SuffixStore
 from specdecode.engine import SpeculativeDecoder
 from specdecode.llm import make_controller
 from specdecode.models import loading, registry
@@ -125,11 +126,12 @@ class NgramModRule:
         pass
 
 
-def shipped_controller(curve: CostModel, ngram_max: int) -> Controller:
-    """The n-gram side of the shipped default (llm.make_controller), deciding on the
-    run's curve alone (online=False: a replay has no clock): per-kind acceptance,
-    exploration off, estimates carried between the texts replayed in order."""
-    slots = make_controller(curve, NgramDrafter(max_n=ngram_max), None).slots
+def shipped_controller(curve: CostModel, lookup) -> Controller:
+    """The free-lookup side of the shipped default (llm.make_controller) with the
+    `lookup` drafter (n-gram or suffix), deciding on the run's curve alone
+    (online=False: a replay has no clock): per-kind acceptance, exploration off,
+    estimates carried between the texts replayed in order."""
+    slots = make_controller(curve, lookup, None).slots
     return Controller(slots, curve, online=False)
 
 
@@ -154,6 +156,8 @@ def main() -> int:
     ap.add_argument("results", help="a compare.py (or bench/never_slower.py) json")
     ap.add_argument("--k", type=int, default=64, help="specdecode's draft cap (LLM.load's)")
     ap.add_argument("--ngram-max", type=int, default=8, help="LLM.load's adaptive default")
+    ap.add_argument("--suffix", action="store_true",
+                    help="also replay the suffix drafter (its store fills text by text)")
     args = ap.parse_args()
 
     data = json.loads(Path(args.results).read_text())
@@ -167,26 +171,39 @@ def main() -> int:
     eos = tuple(tok.eos_token_ids) or (vocab - 1,)
     texts: dict[tuple, list] = {}  # (workload, T, prompt, text) -> configs that sampled it
     for r in data["runs"]:
+        if "/turn" in r["prompt"]:  # a trajectory's later turn: its prompt is not recorded
+            continue
         key = (r["workload"], r.get("temperature", 0), r["prompt"], tuple(r["tokens"]))
         texts.setdefault(key, []).append(r.get("config") or r["mode"])
-    controller = shipped_controller(CostModel(curve.verify, 0.0), args.ngram_max)
+    free = CostModel(curve.verify, 0.0)
+    controller = shipped_controller(free, NgramDrafter(max_n=args.ngram_max))
+    suffix = shipped_controller(free, SuffixDrafter(SuffixStore())) if args.suffix else None
     rows: dict[tuple, list] = {}
     for (workload, temp, name, text), configs in texts.items():
         prompt = prompts[name].ids(tok)
         ours = predicted_speedup(prompt, list(text), None, None, curve, args.k, vocab, eos,
                                  controller)
         mod = predicted_speedup(prompt, list(text), NgramModRule(), None, curve, 64, vocab, eos)
-        rows.setdefault((workload, temp), []).append((ours, mod))
+        suf = suffix and predicted_speedup(prompt, list(text), None, None, curve, args.k, vocab,
+                                           eos, suffix)
+        rows.setdefault((workload, temp), []).append((ours, mod, suf or 0.0))
         print(f"{name:20} T={temp:<4} {len(text):4} tokens  specdecode {ours:5.2f}x  "
-              f"ngram-mod {mod:5.2f}x  (sampled by {', '.join(configs)})", file=sys.stderr)
-    print("| workload | T | texts | specdecode shipped n-gram control | llama.cpp ngram-mod rule | "
-          "texts where ours is ahead |\n|---|---|---|---|---|---|")
-    for (workload, temp), pairs in rows.items():
-        ours, mod = zip(*pairs, strict=True)
-        ahead = sum(o > m for o, m in pairs)
-        print(f"| {workload} | {temp:g} | {len(pairs)} | {statistics.median(ours):.2f}x | "
-              f"{statistics.median(mod):.2f}x | {ahead}/{len(pairs)} |")
+              f"ngram-mod {mod:5.2f}x" + (f"  suffix {suf:5.2f}x" if suffix else "")
+              + f"  (sampled by {', '.join(configs)})", file=sys.stderr)
+    _table(rows, suffix is not None)
     return 0
+
+
+def _table(rows: dict[tuple, list], suffix: bool) -> None:
+    extra = " specdecode suffix drafter (store across texts) |" if suffix else ""
+    print("| workload | T | texts | specdecode shipped n-gram control | llama.cpp ngram-mod rule | "
+          f"texts where ours is ahead |{extra}\n|---|---|---|---|---|---|" + ("---|" * suffix))
+    for (workload, temp), triples in rows.items():
+        ours, mod, suf = zip(*triples, strict=True)
+        ahead = sum(o > m for o, m, _ in triples)
+        print(f"| {workload} | {temp:g} | {len(triples)} | {statistics.median(ours):.2f}x | "
+              f"{statistics.median(mod):.2f}x | {ahead}/{len(triples)} |"
+              + (f" {statistics.median(suf):.2f}x |" if suffix else ""))
 
 
 if __name__ == "__main__":

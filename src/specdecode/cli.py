@@ -145,6 +145,19 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore-eos", action="store_true")
 
 
+def _train_parser(sub) -> None:
+    p = sub.add_parser("train", help="distil a hidden-state head from the target on this "
+                                      "machine (its own answers to training prompts)")
+    add_load_args(p, without=("draft_model", "drafter", "k", "adaptive", "draft_quant",
+                              "draft_confidence", "ngram_max", "ngram_min", "head"))
+    p.add_argument("--out", type=Path, required=True, help="folder for the trained head")
+    p.add_argument("--prompts", type=_positive_int, default=200)
+    p.add_argument("--max-new-tokens", type=_positive_int, default=192)
+    p.add_argument("--steps", type=_positive_int, default=600)
+    p.add_argument("--batch", type=_positive_int, default=256)
+    p.add_argument("--draft-vocab", type=_positive_int, default=8192)
+
+
 def build_parser() -> Parser:
     parser = Parser(prog="specdecode", description="Lossless speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
@@ -187,17 +200,7 @@ def build_parser() -> Parser:
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
                    default="info")
 
-    p = sub.add_parser("train", help="distil a hidden-state head from the target on this "
-                                      "machine (its own answers to training prompts)")
-    add_load_args(p, without=("draft_model", "drafter", "k", "adaptive", "draft_quant",
-                              "draft_confidence", "ngram_max", "ngram_min", "head"))
-    p.add_argument("--out", type=Path, required=True, help="folder for the trained head")
-    p.add_argument("--prompts", type=_positive_int, default=200)
-    p.add_argument("--max-new-tokens", type=_positive_int, default=192)
-    p.add_argument("--steps", type=_positive_int, default=600)
-    p.add_argument("--batch", type=_positive_int, default=256)
-    p.add_argument("--draft-vocab", type=_positive_int, default=8192)
-
+    _train_parser(sub)
     p = sub.add_parser("build-llama-cpp",
                        help="build llama.cpp for this CPU (AVX-512, no AMX) into the cache; "
                             "the llama.cpp backend then loads it (~25 min on 2 cores)")
@@ -398,7 +401,10 @@ def run_and_report(llm, prompt_ids, params, seed, compare_plain: bool, as_json: 
         result = llm.generate(prompt_ids, params, seed, speculative=speculative)
     else:
         result = _stream_to_stdout(llm, prompt_ids, params, seed, speculative)
-    plain = llm.generate(prompt_ids, params, seed, speculative=False) if compare_plain else None
+    plain = None
+    if compare_plain:
+        llm.target.rollback(0)  # a prefill of its own, as the first run's (no reuse)
+        plain = llm.generate(prompt_ids, params, seed, speculative=False)
     if as_json:
         out = result_dict(llm, result, plain)
         print(json.dumps(out))

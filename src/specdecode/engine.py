@@ -18,6 +18,7 @@ max_tokens -> context limit. The stop token itself is part of the output.
 
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -132,8 +133,12 @@ class SpeculativeDecoder:
         length_policy: LengthPolicy | None = None,
         controller: Controller | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        prefix_cache: bool | None = None,
     ) -> None:
-        """clock: the time source of the step timings the controller learns from."""
+        """clock: the time source of the step timings the controller learns from.
+        prefix_cache: reuse what the target's cache holds of a new request's prompt
+        (False: prefill every request from its first token; None: unless
+        $SPECDECODE_PREFIX_CACHE is 0)."""
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise ValueError(f"k (num_speculative_tokens) must be an integer >= 0, got {k!r}")
         if controller is not None and (drafter is not None or length_policy is not None):
@@ -144,6 +149,8 @@ class SpeculativeDecoder:
         self.verifier = verifier
         self.length_policy = length_policy
         self._controller, self.clock = controller, clock
+        self.prefix_cache = (os.environ.get("SPECDECODE_PREFIX_CACHE", "1") != "0"
+                             if prefix_cache is None else prefix_cache)
 
     @property
     def controller(self) -> Controller | None:
@@ -190,7 +197,7 @@ class SpeculativeDecoder:
         request = Request(prompt, params, generator, key, stops, stop_hook,
                           self.verifier(params, key, generator), controller, control,
                           list(prompt), started=started)
-        self._prefill(request)
+        request.stats.cached_tokens = self._prefill(request)
         for drafter in self.drafters:
             drafter.begin(prompt, params, generator)
         request.stats.prefill_time = time.perf_counter() - started
@@ -203,18 +210,47 @@ class SpeculativeDecoder:
             return Controller.single(self.drafter, self.length_policy)
         return self._controller
 
-    def _prefill(self, request: Request) -> None:
-        """Put the request's accepted tokens but the pending one in the target's cache."""
-        self.target.rollback(0)
-        layers = self.hidden_layers
-        if len(request.context) > 1:
-            ids = torch.tensor(request.context[:-1], dtype=torch.long)
-            out = (self.target.prefill(ids, hidden_layers=layers) if layers
-                   else self.target.prefill(ids))  # (a model without hidden states too)
-            if layers and request.target_out is None:  # the first step's drafters read it
+    def _prefill(self, request: Request) -> int:
+        """Put the request's accepted tokens but the pending one in the target's cache,
+        reusing the longest prefix the cache already holds (CausalLM.cached_ids: the
+        previous request's prompt and output, an agent's earlier turns); returns the
+        number of tokens reused. The keys/values reused were computed in other
+        passes than a fresh prefill's (one-token steps, verification batches, other
+        chunks), which round differently in the last bits: on float32 torch about
+        1e-5 of the logits' scale (greedy outputs measured identical in
+        tests/test_prefix_cache.py); on bf16 and llama.cpp more, so outputs can part
+        at a near-tie (README "Exactness"). SPECDECODE_PREFIX_CACHE=0 (or
+        prefix_cache=False) prefills every request from its first token."""
+        want, layers = request.context[:-1], self.hidden_layers
+        first_state = bool(layers) and request.target_out is None  # the first step reads it
+        start = self._reusable(want, first_state)
+        self.target.rollback(start)
+        if start < len(want):
+            ids = torch.tensor(want[start:], dtype=torch.long)  # [T] int64
+            kwargs = {"hidden_layers": layers} if layers else {}  # (models without them too)
+            out = (self.target.forward(ids, last_n=1, **kwargs) if start
+                   else self.target.prefill(ids, **kwargs))
+            if first_state:
                 request.target_out = TargetOutput(out.logits[-1:], {
                     i: h[-1:] for i, h in out.hidden_states.items()})
         _CACHE_HOLDER[self.target] = request.token
+        return start
+
+    def _reusable(self, want: list[int], need_last: bool) -> int:
+        """How many of `want`'s first tokens the target's cache holds and may keep
+        (the last one is run again when its output is needed)."""
+        cached = getattr(self.target, "cached_ids", None) if self.prefix_cache else None
+        if not cached:
+            return 0
+        common = 0
+        for a, b in zip(cached, want):
+            if a != b:
+                break
+            common += 1
+        if need_last and common == len(want):
+            common -= 1
+        reuse_from = getattr(self.target, "reuse_from", None)
+        return max(0, reuse_from(common, len(want)) if reuse_from else common)
 
     def generate(
         self,

@@ -16,7 +16,13 @@ import torch
 
 from specdecode import threads
 from specdecode.controller import Controller, Slot
-from specdecode.drafters import DraftModelDrafter, NgramDrafter, VocabularyMismatch
+from specdecode.drafters import (
+    DraftModelDrafter,
+    NgramDrafter,
+    SuffixDrafter,
+    SuffixStore,
+    VocabularyMismatch,
+)
 from specdecode.drafters.base import Drafter
 from specdecode.engine import SpeculativeDecoder
 from specdecode.models.base import CausalLM
@@ -170,7 +176,8 @@ class LLM:
             costs = measured_costs(models.target.model, draft, info, plan.k, models.files)
         if DRAFTER_RULES[plan.drafter].chooses:
             draft, choice = choose_drafter(costs, draft, plan.k)
-        controller = make_controller(costs, drafters.get("ngram"), draft)
+        lookup = drafters.get("ngram") or drafters.get("suffix")
+        controller = make_controller(costs, lookup, draft)
         info.drafter = "+".join(slot.name for slot in controller.slots)
         if draft is None:
             info.draft = None
@@ -384,6 +391,10 @@ def _ngram_drafter(plan: Plan, models: LoadedModels) -> Drafter:
     return NgramDrafter(max_n=plan.ngram_max, min_n=plan.ngram_min)
 
 
+def _suffix_drafter(plan: Plan, models: LoadedModels) -> Drafter:
+    return SuffixDrafter(SuffixStore(), max_n=plan.ngram_max, min_n=plan.ngram_min)
+
+
 def _draft_model_drafter(plan: Plan, models: LoadedModels) -> Drafter:
     t, d = models.target, models.draft
     return make_draft_model_drafter(d.model, d.tokenizer, t.model, t.tokenizer,
@@ -402,6 +413,7 @@ def _hidden_head_drafter(plan: Plan, models: LoadedModels) -> Drafter:
 DRAFTER_FACTORIES: dict[str, tuple[Callable[[Plan, LoadedModels], Drafter],
                                    tuple[str, ...] | None]] = {
     "ngram": (_ngram_drafter, None),
+    "suffix": (_suffix_drafter, None),  # each LLM its own store of earlier requests
     "draft-model": (_draft_model_drafter, ("draft_confidence",)),
     "hidden-head": (_hidden_head_drafter, ("head",)),
 }

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-DRAFTERS = ("auto", "draft-model", "ngram", "hidden-head", "none")
+DRAFTERS = ("auto", "draft-model", "ngram", "suffix", "hidden-head", "none")
 BACKENDS = ("auto", "torch", "llama.cpp")
 DRAFT_QUANTS = ("auto", "int8", "none")
 DTYPES = ("bfloat16", "float32", "float16", "bf16", "fp32", "fp16")
@@ -68,7 +68,8 @@ class LoadSpec:
     a bad value raises OptionError naming the field.
 
     target / draft_model: registry name or path (draft_model None: the pair's draft
-    when the target is a registry pair). drafter: auto | draft-model | ngram | none.
+    when the target is a registry pair). drafter: auto | draft-model | ngram | suffix |
+    hidden-head | none (suffix: drafters/suffix.py, with a store of earlier requests).
     k: draft tokens per step (0: plain decoding). backend: auto | torch | llama.cpp
     (None: $SPECDECODE_BACKEND, else auto). dtype, device: the torch backend's.
     max_seq_len: KV cache size in tokens. ngram_max / ngram_min: n-gram lengths

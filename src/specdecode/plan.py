@@ -72,6 +72,7 @@ DRAFTERS: dict[str, DrafterRule] = {
     "auto": DrafterRule(("ngram", "draft-model"), False, True, True, (16, 64)),
     "draft-model": DrafterRule(("draft-model",), True, True, False, (8, 8)),
     "ngram": DrafterRule(("ngram",), False, False, False, (16, 64)),
+    "suffix": DrafterRule(("suffix",), False, False, False, (16, 64)),
     "hidden-head": DrafterRule(("hidden-head",), False, False, False, (3, 4)),
     "none": DrafterRule((), False, False, False, (8, 8)),
 }
@@ -225,7 +226,7 @@ def _settled(spec: LoadSpec, target: ModelPlan, draft: ModelPlan | None,
     draft = draft if rule.uses_draft else None
     builds = tuple(d for d in rule.builds if d != "draft-model" or draft is not None)
     ngram_max = spec.ngram_max if spec.ngram_max is not None else NGRAM_MAX[adaptive]
-    if "ngram" in builds and spec.ngram_min > ngram_max:
+    if {"ngram", "suffix"} & set(builds) and spec.ngram_min > ngram_max:
         raise OptionError(f"<ngram_min> {spec.ngram_min} exceeds <ngram_max> {ngram_max}")
     quant = spec.draft_quant
     if quant == "auto":

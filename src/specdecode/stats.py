@@ -7,6 +7,8 @@
 - mean_accepted_length (tau) = emitted tokens / steps, the recovered/bonus
   token included, so plain decoding has tau = 1.
 - position_acceptance[i] = P(draft token i accepted | tokens < i accepted).
+- cached_tokens: prompt tokens whose keys/values the target's cache already held
+  (an earlier request's prefix, reused instead of prefilled).
 - times: prefill, draft, verify (target pass + verification), other
   (stop checks and bookkeeping); wall time of the whole call.
 """
@@ -27,6 +29,7 @@ class SpecStats:
     accepted_per_step: list[int] = field(default_factory=list)
     drafted_per_step: list[int] = field(default_factory=list)
     drafter_steps: dict[str, int] = field(default_factory=dict)  # steps that verified its draft
+    cached_tokens: int = 0
     prefill_time: float = 0.0
     draft_time: float = 0.0
     verify_time: float = 0.0
@@ -84,7 +87,8 @@ class SpecStats:
     def merge(self, other: SpecStats) -> SpecStats:
         """Sum of two runs (for per-workload totals)."""
         out = SpecStats()
-        for name in ("steps", "drafted", "accepted", "emitted", "prefill_time", "draft_time",
+        for name in ("steps", "drafted", "accepted", "emitted", "cached_tokens",
+                     "prefill_time", "draft_time",
                      "verify_time", "other_time", "wall_time"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         out.accepted_per_step = self.accepted_per_step + other.accepted_per_step
@@ -110,6 +114,7 @@ class SpecStats:
             "mean_accepted_length": self.mean_accepted_length,
             "position_acceptance": self.position_acceptance,
             "drafter_steps": dict(self.drafter_steps),
+            "cached_tokens": self.cached_tokens,
             "prefill_time": self.prefill_time,
             "draft_time": self.draft_time,
             "verify_time": self.verify_time,

@@ -64,6 +64,19 @@ COST_COLUMNS = [
 ]
 
 
+TURN_COLUMNS = [
+    ("workload", lambda e: e["workload"]),
+    ("T", lambda e: f"{e['temperature']:g}"),
+    ("configuration", lambda e: e["config"]),
+    ("turn", lambda e: str(e["turn"])),
+    ("prompt tokens", lambda e: _f(e["prompt_tokens"], ".0f")),
+    ("reused", lambda e: _f(e["cached_tokens"], ".0f")),
+    ("time to first token (s)", lambda e: _f(e["ttft_seconds"])),
+    ("decode tok/s", lambda e: _f(e["decode_tokens_per_second"])),
+    ("tok/s", lambda e: _f(e["tokens_per_second"])),
+]
+
+
 TERMINAL = ("workload", "T", "configuration", "tok/s (median)", "speedup", "vs HF plain",
             "acceptance", "tau", "identical")
 
@@ -120,8 +133,15 @@ def markdown(result: dict, command: str | None = None, plots: list[str] = ()) ->
         lines += ["", "## Greedy divergences from plain decoding", "",
                   "| workload | configuration | prompt | token index | top-2 logit margin |",
                   "|---|---|---|---|---|"]
-        lines += [f"| {e['workload']} | {e['config']} | {d['prompt']} | {d['index']} | "
-                  f"{d['top2_margin']:.3f} |" for e, d in divergences]
+        lines += [f"| {e['workload']} | {e['config']} | {d['prompt']} | "
+                  f"{_f(d['index'], 'd')} | {_f(d.get('top2_margin'), '.3f')} |"
+                  for e, d in divergences]
+    if result.get("turns"):
+        lines += ["", "## Per turn (multi-turn workloads)", "",
+                  "Medians over trajectories. Each configuration decodes its own trajectory "
+                  "(its own answers), only turn 1 starting from an empty cache; time to first "
+                  "token includes the prefill of the prompt tokens not reused.", ""]
+        lines += _md_table(TURN_COLUMNS, result["turns"])
     mem = result["memory"]
     lines += ["", "## Memory", ""] + [f"- {k}: {v / 2**30:.2f} GiB" for k, v in mem.items()]
     if result["notes"]:

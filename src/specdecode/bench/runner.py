@@ -21,7 +21,7 @@ import torch
 
 from specdecode.bench import hf_peer, workloads
 from specdecode.bench.load import busy_load
-from specdecode.bench.summary import margin_at_divergence, summarise
+from specdecode.bench.summary import margin_at_divergence, summarise, summarise_turns
 from specdecode.llm import LLM, LoadedModels, load_plan
 from specdecode.options import LoadSpec
 from specdecode.plan import Facts, Plan, draft_model, resolve
@@ -114,6 +114,16 @@ class Models:
         return self.llms[Config("specdecode", "plain").label]
 
 
+def forget(llm: LLM) -> None:
+    """Empty what an LLM carries from earlier requests into the next: the target's
+    KV cache (prefix reuse) and the suffix drafter's store."""
+    llm.target.rollback(0)
+    for drafter in llm.decoder.drafters:
+        store = getattr(drafter, "store", None)
+        if store is not None:
+            store.clear()
+
+
 def tensor_bytes(model) -> int:
     """Bytes of a torch model's weights, buffers and KV cache (shared tensors once)."""
     seen, total = set(), 0
@@ -133,8 +143,9 @@ def specdecode_configs(options: BenchOptions, has_draft: bool) -> list[Config]:
         configs.append(Config("specdecode", "auto"))
     if "draft-model" in options.drafters and has_draft:
         configs += [Config("specdecode", "draft-model", k) for k in options.draft_k]
-    if "ngram" in options.drafters:
-        configs += [Config("specdecode", "ngram", k) for k in options.ngram_k]
+    for lookup in ("ngram", "suffix"):
+        if lookup in options.drafters:
+            configs += [Config("specdecode", lookup, k) for k in options.ngram_k]
     return configs
 
 
@@ -223,19 +234,33 @@ class Bench:
         return peer
 
     def run_one(self, config: Config, ids: list[int], temperature: float, seed: int,
-                max_tokens: int) -> dict:
+                max_tokens: int, cold: bool = True) -> dict:
+        """One generation. cold: the target's KV cache and the suffix drafter's store
+        of earlier requests are emptied first, so every configuration prefills the
+        whole prompt and drafts from nothing it ran before (a later turn of a
+        trajectory runs warm: what its own earlier turns left is reused). The draft
+        model's own cache is not emptied: its reuse of a prefix costs only its
+        prefill time, which a cold target pays first anyway."""
         params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
         if config.engine == "specdecode":
-            r = self.models.llms[config.label].generate(ids, params, seed=seed)
+            llm = self.models.llms[config.label]
+            if cold:
+                forget(llm)
+            first: list[float] = []
+            start = time.perf_counter()
+            r = llm.generate(ids, params, seed=seed, on_text=lambda _: first.append(
+                time.perf_counter()) if not first else None)
             s = r.stats
-            return {"token_ids": r.token_ids, "finish_reason": r.finish_reason,
+            return {"token_ids": r.token_ids, "text": r.text, "finish_reason": r.finish_reason,
                     "seconds": r.seconds, "prefill_seconds": s.prefill_time,
+                    "ttft_seconds": first[0] - start if first else None,
+                    "cached_tokens": s.cached_tokens,
                     "stats": {**s.to_dict(), "position_tried": s.position_tried,
                               "position_accepted": s.position_accepted}}
         r = self.peer.generate(ids, config.method, max_tokens, temperature, seed,
                                prompt_lookup=config.k)
         return {"token_ids": r.token_ids, "finish_reason": r.finish_reason,
-                "seconds": r.seconds}
+                "seconds": r.seconds, "text": self.models.plain.tokenizer.decode(r.token_ids)}
 
     def run(self, progress: bool = True) -> dict:
         o = self.options
@@ -254,52 +279,76 @@ class Bench:
                         self.run_one(c, warm, t, o.seed, 8)
             with busy_load(o.background_load):  # after the warm-up, for every run alike
                 rows = self._timed_runs(prompts, bar, task, progress)
-        self._margins(rows, prompts)
+        self._margins(rows)
         self.models.memory["peak_rss"] = resource.getrusage(
             resource.RUSAGE_SELF).ru_maxrss * 1024
         return {"schema": SCHEMA, "date": time.strftime("%Y-%m-%d %H:%M"),
                 "machine": machine(o), "options": asdict(o),
                 "configs": [c.label for c in self.configs], "memory": self.models.memory,
                 "notes": self.notes, "summary": summarise(rows, self.configs),
+                "turns": summarise_turns(rows),
                 "runs": rows}
 
     def _timed_runs(self, prompts: list, bar, task, progress: bool) -> list[dict]:
         """Every configuration on every prompt and temperature, interleaved."""
-        o, tok, rows = self.options, self.models.plain.tokenizer, []
+        o, rows = self.options, []
         for repeat in range(o.repeats):
             for i, prompt in enumerate(prompts):
-                ids = prompt.ids(tok)
                 for temperature in o.temperatures:
                     for c in self.configs:
                         bar.update(task, description=f"{prompt.name} T={temperature} {c.label}")
-                        row = self.run_one(c, ids, temperature, o.seed + 1000 * repeat + i,
-                                           o.max_tokens)
-                        n = len(row["token_ids"])
-                        row.update(workload=prompt.workload, prompt=prompt.name,
-                                   temperature=temperature, repeat=repeat, config=c.label,
-                                   engine=c.engine, method=c.method, k=c.k,
-                                   prompt_tokens=len(ids), new_tokens=n,
-                                   tokens_per_second=n / row["seconds"])
-                        rows.append(row)
+                        for row in self._trajectory(c, prompt, temperature,
+                                                    o.seed + 1000 * repeat + i):
+                            row.update(repeat=repeat)
+                            rows.append(row)
+                            if progress and not bar.console.is_terminal:  # a log, not a bar
+                                bar.console.print(
+                                    f"{row['prompt']} T={temperature:g} {c.label}: "
+                                    f"{row['new_tokens']} tokens, "
+                                    f"{row['tokens_per_second']:.2f} tok/s")
                         bar.advance(task)
-                        if progress and not bar.console.is_terminal:  # a log, not a bar
-                            bar.console.print(f"{prompt.name} T={temperature:g} {c.label}: "
-                                              f"{n} tokens, {row['tokens_per_second']:.2f} tok/s")
         return rows
 
-    def _margins(self, rows: list[dict], prompts: list) -> None:
+    def _trajectory(self, c: Config, prompt: workloads.Prompt, temperature: float,
+                    seed: int) -> list[dict]:
+        """One configuration on a prompt: a row per turn (one turn unless the prompt has
+        follow-ups; then each next prompt is the conversation so far, with this
+        configuration's own answers, and only the first turn starts cold)."""
+        tok, rows = self.models.plain.tokenizer, []
+        messages = list(prompt.messages)
+        for turn in range(1 + len(prompt.followups)):
+            if turn:
+                messages += [{"role": "assistant", "content": rows[-1]["text"]},
+                             {"role": "user", "content": prompt.followups[turn - 1]}]
+            ids = workloads.Prompt(prompt.workload, prompt.name, tuple(messages)).ids(tok)
+            row = self.run_one(c, ids, temperature, seed, self.options.max_tokens,
+                               cold=turn == 0)
+            n = len(row["token_ids"])
+            name = f"{prompt.name}/turn{turn + 1}" if prompt.followups else prompt.name
+            row.update(workload=prompt.workload, prompt=name, turn=turn + 1, prompt_ids=ids,
+                       temperature=temperature, config=c.label, engine=c.engine,
+                       method=c.method, k=c.k, prompt_tokens=len(ids), new_tokens=n,
+                       tokens_per_second=n / row["seconds"])
+            rows.append(row)
+        return rows
+
+    def _margins(self, rows: list[dict]) -> None:
         """At T=0: first divergence from the engine's plain output and the target's top-2
         logit margin there (a near-tie, or a bug)."""
-        tok, target = self.models.plain.tokenizer, self.models.plain.target
-        ids_of = {p.name: p.ids(tok) for p in prompts}
-        plain = {(r["prompt"], r["repeat"], r["engine"]): r["token_ids"] for r in rows
+        target = self.models.plain.target
+        plain = {(r["prompt"], r["repeat"], r["engine"]): r for r in rows
                  if r["method"] == "plain" and r["temperature"] == 0}
         for r in rows:
             ref = plain.get((r["prompt"], r["repeat"], r["engine"]))
             if r["temperature"] != 0 or r["method"] == "plain" or ref is None:
                 continue
-            r["divergence"] = margin_at_divergence(target, ids_of[r["prompt"]], ref,
+            if r["prompt_ids"] != ref["prompt_ids"]:  # a later turn after parted answers
+                r["divergence"] = {"index": None, "note": "an earlier turn's answer differed"}
+                continue
+            r["divergence"] = margin_at_divergence(target, r["prompt_ids"], ref["token_ids"],
                                                    r["token_ids"])
+        for r in rows:
+            del r["prompt_ids"]
 
 
 def run(options: BenchOptions, models: Models | None = None, progress: bool = True) -> dict:

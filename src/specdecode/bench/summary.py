@@ -125,3 +125,27 @@ def _spec_metrics(m: dict, plain: dict | None) -> dict:
         out["theoretical_speedup"] = theory
         out["measured_over_theoretical"] = out["decode_speedup"] / theory
     return out
+
+
+def summarise_turns(rows: list[dict]) -> list[dict]:
+    """Multi-turn workloads, one entry per (workload, temperature, configuration, turn):
+    medians over trajectories of time to first token, prompt tokens, of them reused
+    from the prefix cache, and decode tokens/s (prefill excluded; specdecode rows)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        if "/turn" in r["prompt"]:
+            groups[(r["workload"], r["temperature"], r["config"], r["turn"])].append(r)
+
+    def med(values):
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    return [{"workload": w, "temperature": t, "config": c, "turn": turn, "runs": len(rs),
+             "ttft_seconds": med(r.get("ttft_seconds") for r in rs),
+             "prompt_tokens": med(r["prompt_tokens"] for r in rs),
+             "cached_tokens": med(r.get("cached_tokens") for r in rs),
+             "decode_tokens_per_second": med(
+                 r["stats"]["tokens_per_second"] if "stats" in r else None for r in rs),
+             "tokens_per_second": med(r["tokens_per_second"] for r in rs)}
+            for (w, t, c, turn), rs in sorted(groups.items(), key=lambda kv: (
+                kv[0][0], kv[0][1], kv[0][3], kv[0][2]))]

@@ -7,6 +7,10 @@
   drafters shine). The requests are the project's own.
 - chat: general questions written for this project (labelled as its own, not
   a published dataset): explanations, advice, short stories.
+- agent: multi-turn trajectories (bench/agent.py): a coding agent's turns over
+  standard-library files (read, edit, tool output, edit again) and MT-bench's
+  two-turn conversations; each turn's prompt is the conversation so far plus
+  the model's own answers, so prefix reuse and drafts from earlier turns show.
 - random: adversarial. Lists of random strings to continue: the target's
   continuation is unpredictable, so drafts almost never match and
   speculation can only lose; it shows what a failed bet costs.
@@ -26,7 +30,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-NAMES = ("humaneval", "code-edit", "chat", "random")
+NAMES = ("humaneval", "code-edit", "chat", "agent", "random")
 
 
 class WorkloadError(ValueError):
@@ -38,6 +42,7 @@ class Prompt:
     workload: str
     name: str
     messages: tuple[dict, ...]
+    followups: tuple[str, ...] = ()  # user turns sent after each answer, in order
 
     def ids(self, tokenizer) -> list[int]:
         """Token ids through the chat template (raw text of the one message without one)."""
@@ -97,6 +102,18 @@ CHAT_PROMPTS = [
 def chat(limit: int | None = 5) -> list[Prompt]:
     return [Prompt("chat", f"chat-{i}", _user(text))
             for i, text in enumerate(CHAT_PROMPTS[:limit])]
+
+
+def agent(limit: int | None = 3) -> list[Prompt]:
+    """Code-agent trajectories first (one per agent.AGENT_FILES), then MT-bench's."""
+    from specdecode.bench import agent as a
+
+    code = [Prompt("agent", f"agent-{file.removesuffix('.py')}",
+                   *a.code_trajectory(file, function, stdlib_source(file)))
+            for file, function in a.AGENT_FILES]
+    chats = [Prompt("agent", f"mt-bench-{i}", _user(turns[0]), tuple(turns[1:]))
+             for i, turns in enumerate(a.mt_bench_turns(80 if limit is None else limit))]
+    return (code + chats)[:limit]
 
 
 def random(limit: int | None = 3, seed: int = 0) -> list[Prompt]:
@@ -159,9 +176,11 @@ def load(name_or_path: str, limit: int | None = None) -> list[Prompt]:
     name, _, count = name_or_path.rpartition(":")
     if name and count.isdigit() and not Path(name_or_path).exists():
         name_or_path, limit = name, int(count)
-    builders = {"humaneval": humaneval, "code-edit": code_edit, "chat": chat, "random": random}
+    builders = {"humaneval": humaneval, "code-edit": code_edit, "chat": chat, "agent": agent,
+                "random": random}
     if name_or_path in builders:
-        default = {"humaneval": 5, "code-edit": 2, "chat": 5, "random": 3}[name_or_path]
+        default = {"humaneval": 5, "code-edit": 2, "chat": 5, "agent": 3,
+                   "random": 3}[name_or_path]
         return builders[name_or_path](limit if limit is not None else default)
     if name_or_path.endswith(".jsonl") or Path(name_or_path).exists():
         return from_jsonl(name_or_path, limit)

@@ -104,6 +104,14 @@ class CausalLM(Protocol):
         """Number of tokens whose keys/values are in the cache."""
         ...
 
+    @property
+    def cached_ids(self) -> list[int]:
+        """The token ids at the cached positions, in order (len == cached_len; read
+        only): a new request whose tokens start with some of them reuses their keys
+        and values instead of prefilling them again (engine.py). Optional: a model
+        without it is prefilled from 0 for every request."""
+        ...
+
     def forward(
         self,
         ids: torch.Tensor,  # [T] int64 new tokens, appended at cached_len

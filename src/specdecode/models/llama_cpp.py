@@ -44,7 +44,7 @@ import contextlib
 import ctypes
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -289,6 +289,12 @@ class LlamaCppLM:
     def cached_len(self) -> int:
         return self._seq0.length
 
+    @property
+    def cached_ids(self) -> list[int]:
+        """The token ids in the cache, in position order (read only); up to a tree pass
+        not yet kept or rolled back."""
+        return self._seq0.reusable_ids
+
     def rollback(self, length: int) -> None:
         self._rollback(self._seq0, length)
 
@@ -353,7 +359,7 @@ class LlamaCppLM:
         sid = [(q.seq_id,) for q, (_, ids) in zip(seqs, items) for _ in range(len(ids))]
         logits, hidden = self._decode_or_undo(seqs, tokens, pos, sid, want, embeddings)
         for q, (_, ids) in zip(seqs, items):
-            q.length += len(ids)
+            q.grow(ids.tolist())
         sizes = [int(part[2].sum()) for part in layout]
         return [ForwardOutput(lg, hidden_states={FINAL_LAYER: h} if h is not None else {})
                 for lg, h in zip(logits.split(sizes), hidden.split(sizes) if embeddings
@@ -390,10 +396,12 @@ class LlamaCppLM:
             self._drop_tree(seq)
         if not 0 <= length <= seq.length:
             raise ValueError(f"cannot roll back to {length}: cache holds {seq.length} tokens")
-        if length < seq.length and not self._lib.llama_memory_seq_rm(
-                self._memory, seq.seq_id, length, -1):
+        # (always: cells a failed decode left past the length go too, so reused ids
+        # never sit beside stray cells)
+        if not self._lib.llama_memory_seq_rm(self._memory, seq.seq_id, length, -1):
             raise RuntimeError(f"llama.cpp could not roll its cache back to {length} tokens")
         seq.length = length
+        del seq.ids[length:]
 
     def _chain(self, seq: _Seq, ids: torch.Tensor, last_n: int | None):  # ids: [T] int64
         """tokens, positions [T] int32 and outputs wanted [T] int8 of a chain pass."""
@@ -428,7 +436,7 @@ class LlamaCppLM:
                 self._lib.llama_memory_seq_cp(self._memory, seq.seq_id, b, -1, -1)
             seq.tree = tree
         logits, hidden = self._decode_or_undo([seq], tokens, pos, sid, want, embeddings)
-        seq.length += len(tokens)
+        seq.grow(tokens.tolist())
         return ForwardOutput(logits, hidden_states={FINAL_LAYER: hidden} if embeddings else {})
 
     def _plan_tree(self, seq: _Seq, positions: torch.Tensor,  # [T] int64
@@ -590,11 +598,23 @@ class _Tree:
 
 @dataclass
 class _Seq:
-    """One sequence's state in the shared context: its id, length and pending tree."""
+    """One sequence's state in the shared context: its id, length, the token ids at
+    its positions (what a new request can reuse) and its pending tree."""
 
     seq_id: int
     length: int = 0
     tree: _Tree | None = None
+    ids: list[int] = field(default_factory=list)
+
+    @property
+    def reusable_ids(self) -> list[int]:
+        """ids up to a pending tree pass (whose tokens are not a chain at their indices)."""
+        return self.ids if self.tree is None else self.ids[:self.tree.start]
+
+    def grow(self, ids: list[int]) -> None:
+        """Count tokens a decode has just put at length.. ."""
+        self.length += len(ids)
+        self.ids += ids
 
 
 class LlamaCppSequence:
@@ -609,6 +629,7 @@ class LlamaCppSequence:
     device = property(lambda self: self.model.device)
     dtype = property(lambda self: self.model.dtype)
     cached_len = property(lambda self: self._seq.length)
+    cached_ids = property(lambda self: self._seq.reusable_ids)
 
     def rollback(self, length: int) -> None:
         self.model._rollback(self._seq, length)

@@ -162,7 +162,8 @@ def prefill_bucket(t: int, limit: int) -> int:
 
 class KVCache:
     """One sequence's static KV cache: per layer [kv_heads, max_seq_len, head_dim]
-    keys and values, and how many positions hold tokens."""
+    keys and values, how many positions hold tokens, and their ids (`ids`, in
+    position order: what a new request can reuse, CausalLM.cached_ids)."""
 
     def __init__(self, cfg: ModelConfig, max_seq_len: int, ref: torch.Tensor) -> None:
         shape = (cfg.num_kv_heads, max_seq_len, cfg.head_dim)
@@ -171,11 +172,29 @@ class KVCache:
         self.v = [torch.zeros(shape, dtype=ref.dtype, device=ref.device)
                   for _ in range(cfg.num_layers)]
         self.length = 0
+        self.ids: list[int] = []
+        self.tree_start: int | None = None  # a pass with positions not yet kept/rolled back
+
+    @property
+    def reusable_ids(self) -> list[int]:
+        """ids up to a pending tree pass (whose tokens are not a chain at their indices)."""
+        return self.ids if self.tree_start is None else self.ids[:self.tree_start]
 
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot roll back to {length}: cache holds {self.length} tokens")
         self.length = length
+        del self.ids[length:]
+        if self.tree_start is not None and length <= self.tree_start:
+            self.tree_start = None
+
+    def append(self, ids: list[int], tree: bool = False) -> None:
+        """Count tokens a pass has just written at length.. (tree: at positions of
+        their own, not yet kept)."""
+        if tree and self.tree_start is None:
+            self.tree_start = self.length
+        self.length += len(ids)
+        self.ids += ids
 
     def keep(self, indices: Sequence[int], start: int | None) -> None:
         """See CausalLM.keep: the rows at `indices` are copied to start.. (index_select
@@ -185,7 +204,9 @@ class KVCache:
             idx = torch.tensor(list(indices), dtype=torch.long, device=self.k[0].device)
             for cache in (*self.k, *self.v):
                 cache[:, start:start + len(idx)] = cache.index_select(1, idx)
+        self.ids[start:] = [self.ids[i] for i in indices]
         self.length = start + len(indices)
+        self.tree_start = None  # the kept path is a chain at its positions (CausalLM.keep)
 
 
 class Transformer(nn.Module):
@@ -298,6 +319,21 @@ class Transformer(nn.Module):
         return self._cache.length
 
     @property
+    def cached_ids(self) -> list[int]:
+        """The token ids in the cache, in position order (read only); up to a tree pass
+        not yet kept or rolled back."""
+        return self._cache.reusable_ids
+
+    def reuse_from(self, common: int, total: int) -> int:
+        """Where a prefill of `total` tokens whose first `common` are cached starts:
+        a few tokens earlier where the new part is longer than a verification pass
+        (65 tokens), so it runs at a prefill_bucket length (a server's shapes stay
+        bounded, see prefill_bucket)."""
+        if total - common <= 65:
+            return common
+        return total - prefill_bucket(total - common, total)
+
+    @property
     def k_cache(self) -> list[torch.Tensor]:  # per layer [kv_heads, max_seq_len, head_dim]
         """Sequence 0's cached keys (values: v_cache)."""
         return self._cache.k
@@ -317,7 +353,7 @@ class Transformer(nn.Module):
 
     def prefill(self, ids: torch.Tensor, *, hidden_layers: Sequence[int] = ()
                 ) -> ForwardOutput:  # ids: [T] int64
-        self._cache.length = 0
+        self._cache.rollback(0)
         return self.forward(ids, last_n=1, hidden_layers=hidden_layers)
 
     def forward(
@@ -429,8 +465,8 @@ class Transformer(nn.Module):
             x = layer(x, spans, [(c.k[i], c.v[i]) for c, *_ in jobs])
             if i in layers:
                 kept[i] = _take(x[0], rows).clone()  # not a view keeping all N rows
-        for (cache, ids, _, _) in jobs:  # the padding's keys/values are overwritten as tokens come
-            cache.length += ids.shape[0]
+        for (cache, ids, positions, _) in jobs:  # the padding is overwritten as tokens come
+            cache.append(ids.cpu().tolist(), tree=positions is not None)
         hidden = self.norm(_take(x[0], rows))  # [n, hidden]
         logits = self.lm_head(hidden).float()  # [n, vocab]
         if FINAL_LAYER in layers:
@@ -450,6 +486,8 @@ class TransformerSequence:
     device = property(lambda self: self.model.device)
     dtype = property(lambda self: self.model.dtype)
     cached_len = property(lambda self: self._cache.length)
+    cached_ids = property(lambda self: self._cache.reusable_ids)
+    reuse_from = property(lambda self: self.model.reuse_from)
 
     def rollback(self, length: int) -> None:
         self._cache.rollback(length)
@@ -459,7 +497,7 @@ class TransformerSequence:
 
     def prefill(self, ids: torch.Tensor, *, hidden_layers: Sequence[int] = ()
                 ) -> ForwardOutput:  # ids: [T] int64
-        self._cache.length = 0
+        self._cache.rollback(0)
         return self.forward(ids, last_n=1, hidden_layers=hidden_layers)
 
     def forward(self, ids: torch.Tensor, *, last_n: int | None = None,  # ids: [T] int64

@@ -120,7 +120,14 @@ async def messages(req: MessagesRequest, request: Request):
             "content": [{"type": "text", "text": out.text}],
             "stop_reason": stop_reason, "stop_sequence": stop_sequence,
             "usage": {"input_tokens": len(ids), "output_tokens": len(out.token_ids),
+                      "cache_read_input_tokens": _cached(out),
                       "speculative": speculative_usage(out.stats, ctx)}}
+
+
+def _cached(out: Completion) -> int:
+    """Prompt tokens reused from the prefix cache (counted in input_tokens too: unlike
+    Anthropic's billing split, input_tokens here is the whole prompt)."""
+    return out.stats.cached_tokens if out.stats is not None else 0
 
 
 async def _events(ctx: ServerContext, job: Job, input_tokens: int, mid: str,
@@ -153,5 +160,6 @@ async def _events(ctx: ServerContext, job: Job, input_tokens: int, mid: str,
     yield sse({"type": "message_delta",
                "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
                "usage": {"output_tokens": len(out.token_ids),
+                         "cache_read_input_tokens": _cached(out),
                          "speculative": speculative_usage(out.stats, ctx)}}, "message_delta")
     yield sse({"type": "message_stop"}, "message_stop")

@@ -50,6 +50,7 @@ def create_app(
     `app.state.ctx.worker.drain(seconds)` starts a graceful shutdown (see Worker.drain).
     """
     metrics = Metrics()
+    metrics.watch_suffix_store(getattr(getattr(llm, "decoder", None), "drafters", ()))
     worker = Worker(llm, max_queue=max_queue, metrics=metrics)
     ctx = ServerContext(llm, worker, metrics, model_name or default_model_name(llm))
 

@@ -35,6 +35,11 @@ class Metrics:
                                    ["outcome"], registry=r)
         self.prompt_tokens = Counter("specdecode_prompt_tokens", "Prompt tokens processed",
                                      registry=r)
+        self.cached_tokens = Counter(
+            "specdecode_prefix_cache_tokens",
+            "Prompt tokens reused from the target's cache instead of prefilled", registry=r)
+        self.prefix_hits = Counter("specdecode_prefix_cache_hits",
+                                   "Generations that reused a cached prompt prefix", registry=r)
         self.completion_tokens = Counter("specdecode_completion_tokens",
                                          "Tokens generated", registry=r)
         self.drafted = Counter("specdecode_drafted_tokens", "Draft tokens proposed", registry=r)
@@ -51,10 +56,22 @@ class Metrics:
                                  registry=r)
         self.in_flight = Gauge("specdecode_requests_in_flight",
                                "Requests waiting or generating", registry=r)
+        self.suffix_store_tokens = Gauge(
+            "specdecode_suffix_store_tokens",
+            "Tokens of earlier requests the suffix drafter's store holds", registry=r)
+        self.suffix_store_bytes = Gauge(
+            "specdecode_suffix_store_bytes",
+            "Estimated memory of the suffix drafter's store (texts + index)", registry=r)
 
     def watch_queue(self, waiting: Callable[[], float], in_flight: Callable[[], float]) -> None:
         self.queue_depth.set_function(waiting)
         self.in_flight.set_function(in_flight)
+
+    def watch_suffix_store(self, drafters) -> None:
+        """The size of the first suffix store among `drafters` (0 without one)."""
+        store = next((d.store for d in drafters if getattr(d, "store", None) is not None), None)
+        self.suffix_store_tokens.set_function(lambda: store.tokens if store else 0)
+        self.suffix_store_bytes.set_function(lambda: store.stats()["bytes"] if store else 0)
 
     def observe_request(self, path: str, status: int) -> None:
         route = path.rstrip("/") or "/"
@@ -67,6 +84,9 @@ class Metrics:
         self.completion_tokens.inc(completion_tokens)
         if stats is None:
             return
+        self.cached_tokens.inc(stats.cached_tokens)
+        if stats.cached_tokens:
+            self.prefix_hits.inc()
         self.drafted.inc(stats.drafted)
         self.accepted.inc(stats.accepted)
         if stats.drafted:

@@ -162,8 +162,11 @@ def _message_text(m: ChatMessage, i: int) -> str:
 
 def _usage(ctx: ServerContext, prompt_tokens: int, out: Completion) -> dict:
     n = len(out.token_ids)
+    cached = out.stats.cached_tokens if out.stats is not None else 0
     return {"prompt_tokens": prompt_tokens, "completion_tokens": n,
-            "total_tokens": prompt_tokens + n, "speculative": speculative_usage(out.stats, ctx)}
+            "total_tokens": prompt_tokens + n,
+            "prompt_tokens_details": {"cached_tokens": cached},  # reused from the prefix cache
+            "speculative": speculative_usage(out.stats, ctx)}
 
 
 @router.api_route("/v1/models", methods=["GET", "HEAD"])
