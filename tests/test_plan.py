@@ -171,7 +171,7 @@ def test_registries_cover_every_name():
     assert set(plan_module.AUTO_ORDER) == set(BACKENDS)
     assert set(DRAFTERS) == set(options.DRAFTERS)
     built = {name for rule in DRAFTERS.values() for name in rule.builds}
-    assert built == set(llm_module.DRAFTER_FACTORIES) == {"ngram", "draft-model",
+    assert built == set(llm_module.DRAFTER_FACTORIES) == {"ngram", "suffix", "draft-model",
                                                           "hidden-head"}
 
 

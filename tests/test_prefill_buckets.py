@@ -66,14 +66,15 @@ def test_greedy_speculation_still_equals_plain_at_every_bucket_edge():
         assert decoder.generate(prompt, params).token_ids == plain_greedy(target, prompt, 12)
 
 
-@pytest.mark.parametrize("prefix_cache", ["0", "1"])
-def test_server_runs_few_prompt_shapes(prefix_cache, monkeypatch):
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_server_runs_few_prompt_shapes(prefix_cache):
     """60 distinct prompt lengths (20..315 tokens; 19..314 are prefilled) run at
     17 shapes of prompt rows (multiples of 16 from 32 to 256, then 288, 320). With the
     prefix cache on, each prompt here extends the last: only its new tokens run, at
     most a verification pass's length (65) or else at a bucket length."""
-    monkeypatch.setenv("SPECDECODE_PREFIX_CACHE", prefix_cache)
-    llm = smol_llm()
+    llm = smol_llm()  # (one LLM shared by the test modules: its setting is put back)
+    before = llm.decoder.prefix_cache, llm.plain.prefix_cache
+    llm.decoder.prefix_cache = llm.plain.prefix_cache = prefix_cache
     llm.target.rollback(0)
     shapes: set[int] = set()
     hook = llm.target.layers[0].self_attn.q_proj.register_forward_pre_hook(
@@ -87,8 +88,9 @@ def test_server_runs_few_prompt_shapes(prefix_cache, monkeypatch):
                 assert r.status_code == 200, r.text
     finally:
         hook.remove()
+        llm.decoder.prefix_cache, llm.plain.prefix_cache = before
     prompt_shapes = {t for t in shapes if t > llm.k + 1}
-    if prefix_cache == "1":
+    if prefix_cache:
         assert prompt_shapes and all(t <= 65 or prefill_bucket(t, 1024) == t
                                      for t in prompt_shapes), sorted(prompt_shapes)
         return
