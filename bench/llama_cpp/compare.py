@@ -311,12 +311,9 @@ def trajectory(c, p: workloads.Prompt, tok, max_tokens: int, t: float, seed: int
     starts cold on both sides (llama-server: cache_prompt off; specdecode: cache and
     store emptied), and a server with memory across requests (fresh: ngram-mod)
     restarts before it."""
-    rows, messages = [], list(p.messages)
+    rows = []
     for turn in range(1 + len(p.followups)):
-        if turn:
-            messages += [{"role": "assistant", "content": tok.decode(rows[-1]["tokens"])},
-                         {"role": "user", "content": p.followups[turn - 1]}]
-        ids = workloads.Prompt(p.workload, p.name, tuple(messages)).ids(tok)
+        ids = p.turn_ids(tok, [tok.decode(r["tokens"]) for r in rows])
         if turn == 0 and getattr(c, "fresh", False):
             c.restart()
             c.complete(ids[:64], 1, 0.0, 0)  # warm-up

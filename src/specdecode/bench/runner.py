@@ -315,12 +315,8 @@ class Bench:
         follow-ups; then each next prompt is the conversation so far, with this
         configuration's own answers, and only the first turn starts cold)."""
         tok, rows = self.models.plain.tokenizer, []
-        messages = list(prompt.messages)
         for turn in range(1 + len(prompt.followups)):
-            if turn:
-                messages += [{"role": "assistant", "content": rows[-1]["text"]},
-                             {"role": "user", "content": prompt.followups[turn - 1]}]
-            ids = workloads.Prompt(prompt.workload, prompt.name, tuple(messages)).ids(tok)
+            ids = prompt.turn_ids(tok, [r["text"] for r in rows])
             row = self.run_one(c, ids, temperature, seed, self.options.max_tokens,
                                cold=turn == 0)
             n = len(row["token_ids"])

@@ -27,7 +27,8 @@ import json
 import random as _random
 import string
 import sysconfig
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 NAMES = ("humaneval", "code-edit", "chat", "agent", "random")
@@ -49,6 +50,15 @@ class Prompt:
         if tokenizer.has_chat_template:
             return tokenizer.chat(list(self.messages))
         return tokenizer.encode("\n\n".join(m["content"] for m in self.messages))
+
+    def turn_ids(self, tokenizer, answers: Sequence[str]) -> list[int]:
+        """Token ids of turn len(answers) + 1 of a multi-turn prompt: its messages, then
+        each earlier answer (as the assistant) followed by the next follow-up (user)."""
+        messages = list(self.messages)
+        for answer, followup in zip(answers, self.followups):
+            messages += [{"role": "assistant", "content": answer},
+                         {"role": "user", "content": followup}]
+        return replace(self, messages=tuple(messages)).ids(tokenizer)
 
 
 def _user(text: str) -> tuple[dict, ...]:
