@@ -172,7 +172,18 @@ def test_registries_cover_every_name():
     assert set(DRAFTERS) == set(options.DRAFTERS)
     built = {name for rule in DRAFTERS.values() for name in rule.builds}
     assert built == set(llm_module.DRAFTER_FACTORIES) == {"ngram", "suffix", "draft-model",
-                                                          "hidden-head"}
+                                                          "hidden-head", "eagle3"}
+
+
+def test_eagle3_needs_a_head_and_torch(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(OptionError, match="needs a head"):
+        resolve(LoadSpec("default", drafter="eagle3"), facts())
+    with pytest.raises(OptionError, match="only the torch backend"):
+        resolve(LoadSpec("default", drafter="eagle3", head=tmp_path,
+                         backend="llama.cpp"), facts())
+    assert resolve(LoadSpec("default", drafter="eagle3", head=tmp_path, backend="torch"),
+                   facts()).drafters == ("eagle3",)
 
 
 # -- the API and CLI around the spec ---------------------------------------------------

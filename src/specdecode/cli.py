@@ -83,7 +83,7 @@ def _load_arguments() -> dict[str, tuple[tuple[str, ...], dict]]:
             "model is known, else none; auto when adaptive: the draft model if the measured "
             "costs say it can pay, else n-gram)")),
         "head": (("--head",), dict(
-            help="a trained hidden-state head's folder (with --drafter hidden-head)")),
+            help="a trained head's folder (with --drafter hidden-head or eagle3)")),
         "adaptive": (("--adaptive",), dict(
             action=argparse.BooleanOptionalAction, help="draft each step only as many tokens "
             "as pay for their verification (default: when the target's measured cost curve "
@@ -156,6 +156,23 @@ def _train_parser(sub) -> None:
     p.add_argument("--steps", type=_positive_int, default=600)
     p.add_argument("--batch", type=_positive_int, default=256)
     p.add_argument("--draft-vocab", type=_positive_int, default=8192)
+    p.add_argument("--drafter", choices=("hidden-head", "eagle3"), default="hidden-head",
+                   help="hidden-head: reads the final state (any backend); eagle3: one "
+                   "decoder layer over three inner layers' states (torch backend)")
+    p.add_argument("--context", type=_positive_int, default=256,
+                   help="eagle3: prompt positions kept before each answer")
+    p = sub.add_parser("export", help="write an eagle3 head in the vLLM speculators format "
+                                      "and print the vllm serve command")
+    p.add_argument("--head", type=Path, required=True, help="a head trained by train")
+    p.add_argument("--out", type=Path, required=True, help="folder for the exported head")
+    p.add_argument("--target", default="default",
+                   help="the target it was trained for (its hub name goes in the config)")
+    p.add_argument("--verifier", default=None,
+                   help="the target's name on the model hub or a local HF folder "
+                   "(default: the registry target's hub name)")
+    p.add_argument("--architecture", default=None,
+                   help="the target's HF architecture (default: the registry target's)")
+    p.add_argument("-k", "--num-speculative-tokens", dest="k", type=_positive_int, default=3)
 
 
 def build_parser() -> Parser:
@@ -465,23 +482,52 @@ def cmd_advise(args) -> int:
 
 def cmd_train(args) -> int:
     import json
+    from dataclasses import replace
 
     from specdecode.llm import LLM
     from specdecode.train.run import RunOptions, distil, target_tables
 
-    llm = LLM.from_spec(load_spec(args, drafter="none", max_seq_len=args.max_seq_len or 2048))
+    spec = load_spec(args, drafter="none", max_seq_len=args.max_seq_len or 2048)
+    if args.drafter == "eagle3" and spec.backend not in ("torch", None, "auto"):
+        raise UserError(f"--drafter eagle3 reads inner layers' states: only --backend torch "
+                        f"has them (not {spec.backend})")
+    if args.drafter == "eagle3":
+        spec = replace(spec, backend="torch")
+    llm = LLM.from_spec(spec)
     target, path = llm.decoder.target, Path(llm.info.target)
     embed, lm_head = target_tables(target, path)
     cache = Path.home() / ".cache" / "specdecode" / "train" / f"{path.stem}-{llm.info.backend}"
     options = RunOptions(prompts=args.prompts, max_new_tokens=args.max_new_tokens,
-                         steps=args.steps, batch=args.batch, draft_vocab=args.draft_vocab)
+                         steps=args.steps, batch=args.batch, draft_vocab=args.draft_vocab,
+                         drafter=args.drafter, context=args.context)
     summary = distil(target, lambda p: llm.encode(p, chat=True), embed, lm_head,
                      llm.decoder.eos_token_ids, cache, args.out, options,
                      report=lambda p: print(f"step {p['step']}: tau {p['tau']:.2f} "
                                             f"(validation)", file=sys.stderr))
     print(json.dumps({k: v for k, v in summary.items() if k != "curve"}, indent=1))
-    print(f"use it: specdecode generate --target {args.target} --drafter hidden-head "
+    print(f"use it: specdecode generate --target {args.target} --drafter {args.drafter} "
           f"--head {args.out} --chat 'your prompt'", file=sys.stderr)
+    return 0
+
+
+def cmd_export(args) -> int:
+    from specdecode.train import speculators
+
+    cfg, state = speculators.saved_head(args.head)
+    hub = speculators.HUB_NAMES.get(args.target)
+    if args.verifier is None and hub is None:
+        raise UserError(f"--target {args.target} is not a registry model: give --verifier "
+                        "(its hub name or local folder) and --architecture")
+    verifier = args.verifier or hub[0]
+    architecture = args.architecture or (hub[1] if hub else "LlamaForCausalLM")
+    speculators.export(args.out, cfg, state, verifier=verifier, architecture=architecture,
+                       k=args.k)
+    problems = speculators.validate(args.out) + speculators.package_check(args.out)
+    if problems:
+        raise UserError(f"the exported head at {args.out} is not valid: " + "; ".join(problems))
+    print(f"exported {args.out} (speculators Eagle-3 format; checked: names, shapes and "
+          f"the vocabulary mapping{speculators.package_note()})", file=sys.stderr)
+    print(speculators.serve_command(args.out))
     return 0
 
 
@@ -494,7 +540,8 @@ def cmd_build_llama_cpp(args) -> int:
 
 COMMANDS = {"build-llama-cpp": cmd_build_llama_cpp, "pull": cmd_pull,
             "models": cmd_models, "generate": cmd_generate, "demo": cmd_demo,
-            "serve": cmd_serve, "bench": cmd_bench, "advise": cmd_advise, "train": cmd_train}
+            "serve": cmd_serve, "bench": cmd_bench, "advise": cmd_advise, "train": cmd_train,
+            "export": cmd_export}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -169,6 +169,12 @@ class SpeculativeDecoder:
         layers = {i for d in self.drafters for i in getattr(d, "hidden_layers", ())}
         return tuple(sorted(layers))
 
+    @property
+    def context_rows(self) -> int:
+        """How many past positions' hidden states some drafter reads
+        (BaseDrafter.context_rows; 0: the last pass's accepted positions only)."""
+        return max((getattr(d, "context_rows", 0) for d in self.drafters), default=0)
+
     def start(
         self,
         prompt_ids: Sequence[int],
@@ -228,11 +234,14 @@ class SpeculativeDecoder:
         if start < len(want):
             ids = torch.tensor(want[start:], dtype=torch.long)  # [T] int64
             kwargs = {"hidden_layers": layers} if layers else {}  # (models without them too)
+            rows = self.context_rows
+            if rows:
+                kwargs["hidden_all"] = True
             out = (self.target.forward(ids, last_n=1, **kwargs) if start
                    else self.target.prefill(ids, **kwargs))
             if first_state:
                 request.target_out = TargetOutput(out.logits[-1:], {
-                    i: h[-1:] for i, h in out.hidden_states.items()})
+                    i: h[-max(1, rows):] for i, h in out.hidden_states.items()})
         _CACHE_HOLDER[self.target] = request.token
         return start
 
@@ -249,6 +258,10 @@ class SpeculativeDecoder:
             common += 1
         if need_last and common == len(want):
             common -= 1
+        for drafter in self.drafters:  # a drafter's own cache must see the states it lacks
+            held = getattr(drafter, "states_held", None)
+            if held is not None:
+                common = min(common, held(want))
         reuse_from = getattr(self.target, "reuse_from", None)
         return max(0, reuse_from(common, len(want)) if reuse_from else common)
 
@@ -412,6 +425,9 @@ class SpeculativeDecoder:
         rows = result.num_accepted + 1
         hidden = out.hidden_states if layers else {}
         request.last = result
-        request.target_out = TargetOutput(logits[:rows],
-                                          {i: h[:rows] for i, h in hidden.items()})
+        hidden = {i: h[:rows] for i, h in hidden.items()}
+        keep, before = self.context_rows, request.target_out
+        if keep and before is not None:  # the positions before, as far back as asked
+            hidden = {i: torch.cat((before.hidden[i], h))[-keep:] for i, h in hidden.items()}
+        request.target_out = TargetOutput(logits[:rows], hidden)
         return result

@@ -407,6 +407,14 @@ def _hidden_head_drafter(plan: Plan, models: LoadedModels) -> Drafter:
     return HiddenHeadDrafter(HiddenStateHead.load(plan.spec.head, embed))
 
 
+def _eagle3_drafter(plan: Plan, models: LoadedModels) -> Drafter:
+    from specdecode.drafters.eagle import Eagle3Drafter
+    from specdecode.train.speculators import load_any
+    target = models.target.model
+    return Eagle3Drafter(load_any(plan.spec.head, target.embed_tokens.weight,
+                                  target.embed_tokens.weight.dtype))
+
+
 # Drafters by name: (make one for a plan on loaded models, the LoadSpec fields that key
 # one shared by several LLMs on the same models; None: a new one for each). The draft
 # model's drafter is shared: it tracks what the draft model's KV cache holds.
@@ -416,6 +424,7 @@ DRAFTER_FACTORIES: dict[str, tuple[Callable[[Plan, LoadedModels], Drafter],
     "suffix": (_suffix_drafter, None),  # each LLM its own store of earlier requests
     "draft-model": (_draft_model_drafter, ("draft_confidence",)),
     "hidden-head": (_hidden_head_drafter, ("head",)),
+    "eagle3": (_eagle3_drafter, None),  # its cache follows one request at a time
 }
 
 

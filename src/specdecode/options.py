@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-DRAFTERS = ("auto", "draft-model", "ngram", "suffix", "hidden-head", "none")
+DRAFTERS = ("auto", "draft-model", "ngram", "suffix", "hidden-head", "eagle3", "none")
 BACKENDS = ("auto", "torch", "llama.cpp")
 DRAFT_QUANTS = ("auto", "int8", "none")
 DTYPES = ("bfloat16", "float32", "float16", "bf16", "fp32", "fp16")
@@ -69,14 +69,16 @@ class LoadSpec:
 
     target / draft_model: registry name or path (draft_model None: the pair's draft
     when the target is a registry pair). drafter: auto | draft-model | ngram | suffix |
-    hidden-head | none (suffix: drafters/suffix.py, with a store of earlier requests).
+    hidden-head | eagle3 | none (suffix: drafters/suffix.py, with a store of earlier
+    requests; eagle3: drafters/eagle.py, torch backend).
     k: draft tokens per step (0: plain decoding). backend: auto | torch | llama.cpp
     (None: $SPECDECODE_BACKEND, else auto). dtype, device: the torch backend's.
     max_seq_len: KV cache size in tokens. ngram_max / ngram_min: n-gram lengths
     looked up. draft_quant: auto | int8 | none. draft_confidence: in [0, 1].
     adaptive: the closed-loop engine (None: from the target's cost curve).
-    head: a trained hidden-state head's folder (drafter hidden-head;
-    drafters/hidden_head.py, trained by specdecode.train)."""
+    head: a trained head's folder (drafter hidden-head: drafters/hidden_head.py;
+    eagle3: drafters/eagle.py, ours or in the speculators format; trained by
+    specdecode.train)."""
 
     target: str | os.PathLike = "default"
     draft_model: str | os.PathLike | None = None

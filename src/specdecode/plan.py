@@ -74,6 +74,7 @@ DRAFTERS: dict[str, DrafterRule] = {
     "ngram": DrafterRule(("ngram",), False, False, False, (16, 64)),
     "suffix": DrafterRule(("suffix",), False, False, False, (16, 64)),
     "hidden-head": DrafterRule(("hidden-head",), False, False, False, (3, 4)),
+    "eagle3": DrafterRule(("eagle3",), False, False, False, (3, 4)),
     "none": DrafterRule((), False, False, False, (8, 8)),
 }
 NGRAM_MAX = (3, 8)  # (fixed, adaptive): the policy needs precise matches more than many
@@ -219,10 +220,15 @@ def _settled(spec: LoadSpec, target: ModelPlan, draft: ModelPlan | None,
                           "costs: it cannot run with <adaptive> off")
     if rule.needs_draft and draft is None:
         raise OptionError(f"<drafter> '{drafter}' needs a <draft_model>")
-    if (drafter == "hidden-head") != (spec.head is not None):
-        raise OptionError("<drafter> 'hidden-head' needs a <head>" if spec.head is None
-                          else f"<head> is the hidden-head drafter's: set <drafter> hidden-head"
-                          f" (not {drafter})")
+    heads = ("hidden-head", "eagle3")
+    if (drafter in heads) != (spec.head is not None):
+        raise OptionError(f"<drafter> '{drafter}' needs a <head>" if spec.head is None
+                          else "<head> is a trained head's: set <drafter> hidden-head or "
+                          f"eagle3 (not {drafter})")
+    if drafter == "eagle3" and target.backend != "torch":
+        raise OptionError("<drafter> 'eagle3' reads the hidden states of inner layers, which "
+                          f"only the torch backend exposes (not {target.backend}): set "
+                          "<backend> torch, or train a hidden-head for llama.cpp")
     draft = draft if rule.uses_draft else None
     builds = tuple(d for d in rule.builds if d != "draft-model" or draft is not None)
     ngram_max = spec.ngram_max if spec.ngram_max is not None else NGRAM_MAX[adaptive]

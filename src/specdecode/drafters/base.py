@@ -75,7 +75,10 @@ class TargetOutput:
         position i of the pass (n = accepted draft tokens + 1; the last row
         scored the token that was emitted as recovered/bonus).
     hidden: layer -> [n, hidden_size] for the layers the drafters asked for
-        (`BaseDrafter.hidden_layers`), the same rows.
+        (`BaseDrafter.hidden_layers`), the same rows; where a drafter asks for
+        `context_rows` > 0, the rows reach further back instead: the last m <=
+        context_rows positions before the pending token, in order, across passes
+        (and the prefill), the last row being the same as the logits' last row.
     """
 
     logits: torch.Tensor
@@ -141,11 +144,14 @@ class BaseDrafter:
         costs are measured and memory is counted, instead of probing attributes.
     hidden_layers: target layers whose hidden states this drafter reads from
         `DraftContext.target.hidden` (models.base: layer numbering).
+    context_rows: how many past positions' states it reads (TargetOutput.hidden;
+        0: the last pass's accepted positions only).
     """
 
     name = "drafter"
     draft_model: CausalLM | None = None
     hidden_layers: tuple[int, ...] = ()
+    context_rows: int = 0
 
     def begin(
         self, prompt_ids: list[int], params: SamplingParams, generator: torch.Generator

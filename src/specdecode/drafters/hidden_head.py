@@ -69,6 +69,10 @@ class HiddenStateHead(nn.Module):
         self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.arange(cfg.draft_vocab_size))  # [Vd] int64
 
+    @property
+    def draft_ids(self) -> torch.Tensor:  # [Vd] int64: draft token i's target id
+        return self.d2t
+
     def step(self, feature: torch.Tensor,  # [n, H]
              tokens: torch.Tensor,  # [n] int64, target ids
              ) -> tuple[torch.Tensor, torch.Tensor]:  # ([n, H], [n, Vd] logits)
@@ -154,15 +158,20 @@ class HiddenHeadDrafter(BaseDrafter):
             if ctx.params.greedy:
                 token = self.head.d2t[logits[0].argmax()].view(1)
             else:
-                q = self._probs(logits[0], ctx)  # [target_vocab]
+                q = draft_probs(logits[0], self.head.d2t, self.head.config.target_vocab_size,
+                                ctx.params)  # [target_vocab]
                 token = torch.tensor([sample(q, ctx.generator)])
                 q_rows.append(q)
             tokens.append(int(token))
         return Draft(torch.tensor(tokens, dtype=torch.long),
                      torch.stack(q_rows) if q_rows else None)
 
-    def _probs(self, logits: torch.Tensor,  # [Vd]
-               ctx: DraftContext) -> torch.Tensor:  # [target_vocab] float32
-        q = torch.zeros(self.head.config.target_vocab_size)
-        q[self.head.d2t] = logits_to_probs(logits, ctx.params)
-        return q
+
+def draft_probs(logits: torch.Tensor,  # [Vd] a head's logits over its draft vocabulary
+                draft_ids: torch.Tensor,  # [Vd] int64 their target ids
+                vocab_size: int, params) -> torch.Tensor:  # [vocab_size] float32
+    """q: the request's warping (logits_to_probs) of a head's logits, placed at the
+    target ids (0 elsewhere), for the verifier's rejection sampling."""
+    q = torch.zeros(vocab_size)
+    q[draft_ids] = logits_to_probs(logits, params)
+    return q

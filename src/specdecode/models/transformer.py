@@ -43,6 +43,15 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:  # [..., head_dim]
     return torch.cat((-x2, x1), dim=-1)
 
 
+def rope_angles(positions: torch.Tensor,  # [T] int64
+                head_dim: int, theta: float) -> torch.Tensor:  # [T, head_dim] float64
+    """RoPE angles of each position, in the rotate-half layout (both halves equal)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64,
+                                             device=positions.device) / head_dim))
+    angles = torch.outer(positions.to(torch.float64), inv_freq)
+    return torch.cat((angles, angles), dim=-1)
+
+
 def apply_rope(
     x: torch.Tensor,  # [1, heads, T, head_dim]
     cos: torch.Tensor,  # [T, head_dim]
@@ -289,12 +298,8 @@ class Transformer(nn.Module):
             f"the KV cache of {self.max_seq_len} tokens", str(ref.device))
         self._cache = KVCache(cfg, self.max_seq_len, ref)
         self._sequences: dict[int, TransformerSequence] = {}
-        inv_freq = 1.0 / (cfg.rope_theta ** (
-            torch.arange(0, cfg.head_dim, 2, dtype=torch.float64, device=ref.device)
-            / cfg.head_dim))
-        angles = torch.outer(
-            torch.arange(self.max_seq_len, dtype=torch.float64, device=ref.device), inv_freq)
-        angles = torch.cat((angles, angles), dim=-1)  # [max_seq_len, head_dim]
+        angles = rope_angles(torch.arange(self.max_seq_len, device=ref.device),
+                             cfg.head_dim, cfg.rope_theta)  # [max_seq_len, head_dim]
         self.rope_cos = angles.cos().to(ref.dtype)
         self.rope_sin = angles.sin().to(ref.dtype)
 
@@ -351,10 +356,10 @@ class Transformer(nn.Module):
         been run at position start + j (a tree node's depth below the prefix)."""
         self._cache.keep(indices, start)
 
-    def prefill(self, ids: torch.Tensor, *, hidden_layers: Sequence[int] = ()
-                ) -> ForwardOutput:  # ids: [T] int64
+    def prefill(self, ids: torch.Tensor, *, hidden_layers: Sequence[int] = (),
+                hidden_all: bool = False) -> ForwardOutput:  # ids: [T] int64
         self._cache.rollback(0)
-        return self.forward(ids, last_n=1, hidden_layers=hidden_layers)
+        return self.forward(ids, last_n=1, hidden_layers=hidden_layers, hidden_all=hidden_all)
 
     def forward(
         self,
@@ -365,9 +370,13 @@ class Transformer(nn.Module):
         return_hidden: bool = False,
         positions: torch.Tensor | None = None,  # [T] int64
         tree_mask: torch.Tensor | None = None,  # [T, T] bool
+        hidden_all: bool = False,
     ) -> ForwardOutput:
+        """hidden_all: the hidden states of every new position, the logits of the
+        last last_n only (a feature drafter's context after a prefill)."""
         layers = wanted_layers(hidden_layers, return_hidden, len(self.layers))
-        return self._run([(self._cache, ids, positions, tree_mask)], last_n, layers)[0]
+        return self._run([(self._cache, ids, positions, tree_mask)], last_n, layers,
+                         hidden_all)[0]
 
     def sequence(self, index: int) -> Transformer | TransformerSequence:
         """Sequence `index`: 0 is this model; others get their own KV cache of
@@ -439,9 +448,11 @@ class Transformer(nn.Module):
         jobs: list[tuple[KVCache, torch.Tensor, torch.Tensor | None, torch.Tensor | None]],
         last_n: int | None,
         layers: tuple[int, ...],
+        hidden_all: bool = False,
     ) -> list[ForwardOutput]:
         """One pass over the new tokens of each job (cache, ids [T] int64, positions [T]
-        int64 | None, tree_mask [T, T] bool | None), packed in one row block."""
+        int64 | None, tree_mask [T, T] bool | None), packed in one row block;
+        hidden_all (one job only): hidden states of all its rows, logits of last_n."""
         runs, spans, offset = [], [], 0
         for cache, ids, positions, tree_mask in jobs:
             t = ids.shape[0]
@@ -458,19 +469,23 @@ class Transformer(nn.Module):
             runs.append(ids)
             offset += ids.shape[0]
         rows = [_last_rows(s, ids.shape[0], last_n) for s, (_, ids, _, _) in zip(spans, jobs)]
+        if hidden_all and len(jobs) != 1:
+            raise ValueError("hidden_all is for one sequence's pass")
+        state_rows = ([_last_rows(spans[0], jobs[0][1].shape[0], None)] if hidden_all
+                      else rows)
         packed = runs[0] if len(runs) == 1 else torch.cat(runs)  # [N] int64
         x = self.embed_tokens(packed)[None]  # [1, N, hidden]
         kept: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             x = layer(x, spans, [(c.k[i], c.v[i]) for c, *_ in jobs])
             if i in layers:
-                kept[i] = _take(x[0], rows).clone()  # not a view keeping all N rows
+                kept[i] = _take(x[0], state_rows).clone()  # not a view keeping all N rows
         for (cache, ids, positions, _) in jobs:  # the padding is overwritten as tokens come
             cache.append(ids.cpu().tolist(), tree=positions is not None)
         hidden = self.norm(_take(x[0], rows))  # [n, hidden]
         logits = self.lm_head(hidden).float()  # [n, vocab]
         if FINAL_LAYER in layers:
-            kept[FINAL_LAYER] = hidden
+            kept[FINAL_LAYER] = self.norm(_take(x[0], state_rows)) if hidden_all else hidden
         return _split(logits, kept, [r.stop - r.start for r in rows])
 
 
@@ -495,18 +510,20 @@ class TransformerSequence:
     def keep(self, indices: Sequence[int], *, start: int | None = None) -> None:
         self._cache.keep(indices, start)
 
-    def prefill(self, ids: torch.Tensor, *, hidden_layers: Sequence[int] = ()
-                ) -> ForwardOutput:  # ids: [T] int64
+    def prefill(self, ids: torch.Tensor, *, hidden_layers: Sequence[int] = (),
+                hidden_all: bool = False) -> ForwardOutput:  # ids: [T] int64
         self._cache.rollback(0)
-        return self.forward(ids, last_n=1, hidden_layers=hidden_layers)
+        return self.forward(ids, last_n=1, hidden_layers=hidden_layers, hidden_all=hidden_all)
 
     def forward(self, ids: torch.Tensor, *, last_n: int | None = None,  # ids: [T] int64
                 hidden_layers: Sequence[int] = (), return_hidden: bool = False,
                 positions: torch.Tensor | None = None,  # [T] int64
                 tree_mask: torch.Tensor | None = None,  # [T, T] bool
+                hidden_all: bool = False,
                 ) -> ForwardOutput:
         layers = wanted_layers(hidden_layers, return_hidden, len(self.model.layers))
-        return self.model._run([(self._cache, ids, positions, tree_mask)], last_n, layers)[0]
+        return self.model._run([(self._cache, ids, positions, tree_mask)], last_n, layers,
+                               hidden_all)[0]
 
     def sequence(self, index: int) -> Transformer | TransformerSequence:
         return self.model.sequence(index)

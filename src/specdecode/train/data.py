@@ -71,41 +71,83 @@ def answer_with_states(target, prompt_ids: Sequence[int], max_new_tokens: int,
     """Greedy answer of the target to prompt_ids and the final hidden state that
     scored each answer token: ([n] int64, [n, H]); a prompt that leaves no room in
     the target's context gets none ([0], [0, 0])."""
-    stop = set(stop_ids)
     if len(prompt_ids) + 1 >= target.max_seq_len:
         return torch.zeros(0, dtype=torch.long), torch.zeros(0, 0)
     out = target.prefill(torch.tensor(list(prompt_ids)), hidden_layers=(FINAL_LAYER,))
+    tokens, states = _greedy(target, out, max_new_tokens, set(stop_ids), (FINAL_LAYER,))
+    return torch.tensor(tokens, dtype=torch.long), torch.stack(states)
+
+
+def _greedy(target, out, max_new_tokens: int, stop: set[int], layers: tuple[int, ...]
+            ) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy tokens from a prefill's output on, with the states (the `layers`
+    concatenated, [H * len(layers)] float32) of the position that scored each."""
     tokens, states = [], []
     while len(tokens) < max_new_tokens:
         token = int(out.logits[-1].argmax())
         tokens.append(token)
-        states.append(out.hidden_states[FINAL_LAYER][-1].float())
+        states.append(torch.cat([out.hidden_states[i][-1].float() for i in layers]))
         if token in stop or target.cached_len + 1 >= target.max_seq_len:
             break
-        out = target.forward(torch.tensor([token]), last_n=1, hidden_layers=(FINAL_LAYER,))
-    return torch.tensor(tokens, dtype=torch.long), torch.stack(states)
+        out = target.forward(torch.tensor([token]), last_n=1, hidden_layers=layers)
+    return tokens, states
+
+
+@torch.no_grad()
+def answer_with_context(target, prompt_ids: Sequence[int], max_new_tokens: int,
+                        stop_ids: Iterable[int], layers: Sequence[int], context: int
+                        ) -> dict[str, torch.Tensor]:
+    """An EAGLE-3 shard: the target's greedy answer with the `layers` states
+    (concatenated) of every position from the last `context` prompt positions on.
+    ids [T + 1] int64: x_s .. x_{s+T} (prompt tail + answer but its last token's
+    state); aux [T, H * len(layers)] float16: row p the states at x_{s+p} (which
+    scored x_{s+p+1}); answer_start [1]: index in ids of the answer's first token;
+    start [1]: s, the window's first position. Empty (T = 0) when no room."""
+    layers, prompt = tuple(layers), list(prompt_ids)
+    if len(prompt) + 1 >= target.max_seq_len or len(prompt) < 2:
+        return {"ids": torch.zeros(1, dtype=torch.long), "aux": torch.zeros(0, 0).half(),
+                "answer_start": torch.tensor([1]), "start": torch.tensor([0])}
+    out = target.prefill(torch.tensor(prompt), hidden_layers=layers, hidden_all=True)
+    s = max(0, len(prompt) - context)
+    head = torch.cat([out.hidden_states[i][s:].float() for i in layers], -1)  # [P - s, LH]
+    tokens, states = _greedy(target, out, max_new_tokens, set(stop_ids), layers)
+    aux = torch.cat((head[:-1], torch.stack(states)))  # states of x_s .. x_{P+n-2}
+    ids = torch.tensor(prompt[s:] + tokens, dtype=torch.long)
+    return {"ids": ids, "aux": aux.half(), "answer_start": torch.tensor([len(prompt) - s]),
+            "start": torch.tensor([s])}
 
 
 def collect(target, encode: Callable[[str], list[int]], prompts: Sequence[str],
             out_dir: str | Path, *, max_new_tokens: int = 256, stop_ids: Iterable[int] = (),
-            progress: bool = True) -> list[Path]:
+            progress: bool = True,
+            answer: Callable[[list[int]], dict[str, torch.Tensor]] | None = None,
+            ) -> list[Path]:
     """Answer every prompt (encode: prompt -> chat-formatted ids) into out_dir's
-    shards, skipping shards already written; returns all shard paths in order."""
+    shards, skipping shards already written; returns all shard paths in order.
+    answer: ids -> the shard's tensors (default: a hidden-head shard, `tokens` and
+    `hidden` of answer_with_states)."""
     from safetensors.torch import save_file
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{i:06d}.safetensors" for i in range(len(prompts))]
     todo = [i for i, p in enumerate(paths) if not p.is_file()]
     stop_ids = tuple(stop_ids)
+
+    def hidden_head_shard(ids: list[int]) -> dict[str, torch.Tensor]:
+        tokens, hidden = answer_with_states(target, ids, max_new_tokens, stop_ids)
+        return {"tokens": tokens, "hidden": hidden.half()}
+
+    answer = answer or hidden_head_shard
     with _progress(progress, len(todo)) as advance:
         for i in todo:
-            start = time.perf_counter()
-            tokens, hidden = answer_with_states(target, encode(prompts[i]), max_new_tokens,
-                                                stop_ids)
+            started = time.perf_counter()
+            shard = answer(encode(prompts[i]))
             tmp = paths[i].with_suffix(".part")
-            save_file({"tokens": tokens, "hidden": hidden.half()}, str(tmp))
+            save_file(shard, str(tmp))
             tmp.rename(paths[i])
-            advance(len(tokens), time.perf_counter() - start)
+            n = len(shard["tokens"]) if "tokens" in shard else int(
+                len(shard["ids"]) - shard["answer_start"][0])
+            advance(n, time.perf_counter() - started)
     return paths
 
 

@@ -66,6 +66,17 @@ class Windows:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def sample(self, gen: torch.Generator, batch: int) -> Windows:
+        """`batch` windows drawn at random (with replacement)."""
+        pick = torch.randint(len(self), (min(batch, len(self)),), generator=gen)
+        return Windows(self.hidden[pick], self.tokens[pick])
+
+    def loss(self, head: HiddenStateHead, t2d: torch.Tensor) -> torch.Tensor:
+        return loss_of(head, t2d, self)
+
+    def acceptance(self, head: HiddenStateHead) -> list[float]:
+        return acceptance(head, self)
+
 
 def unrolled_logits(head: HiddenStateHead, hidden: torch.Tensor,  # [B, H]
                     tokens: torch.Tensor,  # [B, depths + 1] int64 (-1: none)
@@ -77,6 +88,14 @@ def unrolled_logits(head: HiddenStateHead, hidden: torch.Tensor,  # [B, H]
         feature, logits = head.step(feature, tokens[:, d].clamp(min=0))
         out.append(logits)
     return out
+
+
+def target_to_draft(draft_ids: torch.Tensor,  # [Vd] int64 target ids
+                    vocab_size: int) -> torch.Tensor:  # [vocab_size] int64
+    """t2d: each target id's draft id (-100: not in the draft vocabulary)."""
+    t2d = torch.full((vocab_size,), -100, dtype=torch.long)
+    t2d[draft_ids] = torch.arange(len(draft_ids))
+    return t2d
 
 
 def _labels(t2d: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -103,7 +122,7 @@ def acceptance(head: HiddenStateHead, windows: Windows, batch: int = 1024) -> li
         h, t = windows.hidden[s:s + batch], windows.tokens[s:s + batch]
         alive = torch.ones(len(t), dtype=torch.bool)
         for d, logits in enumerate(unrolled_logits(head, h, t)):
-            alive &= head.d2t[logits.argmax(-1)] == t[:, d + 1]
+            alive &= head.draft_ids[logits.argmax(-1)] == t[:, d + 1]
             hits[d] += alive.sum()
     return (hits / max(1, len(windows))).tolist()
 
@@ -122,13 +141,14 @@ class TrainResult:
         return self.curve[-1]["tau"] if self.curve else 1.0
 
 
-def fit(head: HiddenStateHead, train: Windows, val: Windows, *, steps: int,
-        batch: int = 256, lr: float = 1e-3, evals: int = 5, seed: int = 0,
+def fit(head, train, val, *, steps: int, batch: int = 256, lr: float = 1e-3,
+        evals: int = 5, seed: int = 0,
         report: Callable[[dict], None] | None = None) -> TrainResult:
-    """AdamW on the unrolled loss over `steps` random batches of windows, with a
-    cosine learning rate; the validation acceptance `evals` times along the way."""
-    t2d = torch.full((head.config.target_vocab_size,), -100, dtype=torch.long)
-    t2d[head.d2t] = torch.arange(head.config.draft_vocab_size)
+    """AdamW on the unrolled loss over `steps` random batches of `train`, with a
+    cosine learning rate; the validation acceptance `evals` times along the way.
+    train / val: Windows (a HiddenStateHead) or eagle_fit.Sequences (an Eagle3Head):
+    `sample(gen, batch)`, `.loss(head, t2d)`, `.acceptance(head)`."""
+    t2d = target_to_draft(head.draft_ids, head.config.target_vocab_size)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -137,8 +157,7 @@ def fit(head: HiddenStateHead, train: Windows, val: Windows, *, steps: int,
     at = {round(steps * (i + 1) / evals) for i in range(evals)}
     head.train()
     for step in range(1, steps + 1):
-        pick = torch.randint(len(train), (min(batch, len(train)),), generator=gen)
-        loss = loss_of(head, t2d, Windows(train.hidden[pick], train.tokens[pick]))
+        loss = train.sample(gen, batch).loss(head, t2d)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -146,7 +165,7 @@ def fit(head: HiddenStateHead, train: Windows, val: Windows, *, steps: int,
         sched.step()
         if step in at:
             head.eval()
-            acc = acceptance(head, val)
+            acc = val.acceptance(head)
             head.train()
             point = {"step": step, "windows": step * batch, "loss": loss.item(),
                      "accept": acc, "tau": 1 + sum(acc)}

@@ -17,14 +17,16 @@ from pathlib import Path
 
 import torch
 
-from specdecode.train import data, fit
+from specdecode.drafters.eagle import Eagle3Config
+from specdecode.train import data, eagle_fit, fit
 
 
 @dataclass(frozen=True)
 class RunOptions:
     """prompts: how many training prompts (the training sets, then prompts made from
-    docstrings); max_new_tokens: per answer; steps / batch / lr: the optimiser's;
-    depths: unrolled draft steps; draft_vocab: the head's vocabulary size."""
+    docstrings); max_new_tokens: per answer; steps / batch / lr: the optimiser's
+    (batch: windows, or for eagle3 about that many positions); depths: unrolled
+    draft steps; draft_vocab: the head's vocabulary size."""
 
     prompts: int = 200
     max_new_tokens: int = 192
@@ -34,6 +36,8 @@ class RunOptions:
     depths: int = 4
     draft_vocab: int = 8192
     val_share: float = 0.1
+    drafter: str = "hidden-head"  # or "eagle3" (torch targets: inner layers' states)
+    context: int = 256  # eagle3: prompt positions before each answer kept in its window
 
 
 def prompt_set(n: int) -> list[str]:
@@ -60,24 +64,42 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
            lm_head: torch.Tensor,  # [V, H]
            stop_ids: tuple[int, ...], cache: Path, out: Path, options: RunOptions,
            *, progress: bool = True, report: Callable[[dict], None] | None = None) -> dict:
-    """Train a head for `target` (a CausalLM exposing FINAL_LAYER) and save it to out."""
+    """Train a head for `target` (a CausalLM exposing the states the head reads) and
+    save it to out: a HiddenStateHead, or with options.drafter "eagle3" an Eagle3Head."""
     prompts = prompt_set(options.prompts)
     n_val = max(1, round(len(prompts) * options.val_share))
     start = time.perf_counter()
-    paths = data.collect(target, encode, prompts, cache / "greedy",
-                         max_new_tokens=options.max_new_tokens, stop_ids=stop_ids,
-                         progress=progress)
+    eagle = options.drafter == "eagle3"
+    if eagle:
+        layers = Eagle3Config.default_layers(target.config.num_layers)
+        folder = cache / f"eagle3-{'-'.join(map(str, layers))}-ctx{options.context}"
+        answer = lambda ids: data.answer_with_context(  # noqa: E731
+            target, ids, options.max_new_tokens, stop_ids, layers, options.context)
+    else:
+        folder, answer = cache / "greedy", None
+    paths = data.collect(target, encode, prompts, folder, max_new_tokens=options.max_new_tokens,
+                         stop_ids=stop_ids, progress=progress, answer=answer)
     collect_s = time.perf_counter() - start
-    train, val = data.load_shards(paths[:-n_val]), data.load_shards(paths[-n_val:])
-    d2t = fit.draft_vocabulary(train, options.draft_vocab, embed.shape[0], always=stop_ids)
-    head = fit.new_head(embed, lm_head.float(), d2t)
-    wt, wv = fit.Windows.of(train, options.depths), fit.Windows.of(val, options.depths)
-    untrained = fit.acceptance(head, wv)
+    if eagle:
+        train = eagle_fit.load_windows(paths[:-n_val])
+        answers = [(w.ids[w.answer_start:], None) for w in train]
+        d2t = fit.draft_vocabulary(answers, options.draft_vocab, embed.shape[0], always=stop_ids)
+        head = eagle_fit.new_head(embed, lm_head.float(), d2t, target.config, layers)
+        wt = eagle_fit.Sequences(train, options.depths)
+        wv = eagle_fit.Sequences(eagle_fit.load_windows(paths[-n_val:]), options.depths)
+        tokens = sum(len(a) for a, _ in answers)
+    else:
+        train, val = data.load_shards(paths[:-n_val]), data.load_shards(paths[-n_val:])
+        d2t = fit.draft_vocabulary(train, options.draft_vocab, embed.shape[0], always=stop_ids)
+        head = fit.new_head(embed, lm_head.float(), d2t)
+        wt, wv = fit.Windows.of(train, options.depths), fit.Windows.of(val, options.depths)
+        tokens = int(sum(len(t) for t, _ in train))
+    untrained = wv.acceptance(head)
     result = fit.fit(head, wt, wv, steps=options.steps, batch=options.batch, lr=options.lr,
                      evals=8, report=report)
     head.save(out)
-    summary = {"prompts": len(prompts), "validation_prompts": n_val,
-               "train_tokens": int(sum(len(t) for t, _ in train)), "train_windows": len(wt),
+    summary = {"drafter": options.drafter, "prompts": len(prompts), "validation_prompts": n_val,
+               "train_tokens": int(tokens), "train_windows": len(wt),
                "collect_s": collect_s, "train_s": result.seconds,
                "untrained_accept": untrained, "accept": result.curve[-1]["accept"],
                "tau": result.tau, "curve": result.curve, "options": vars(options)}

@@ -1,0 +1,159 @@
+"""Training an EAGLE-3 head (drafters/eagle.py) on self-distilled context shards.
+
+A shard (data.answer_with_context) is one window of a conversation: ids x_s ..
+x_{s+T}, the target's aux states at x_s .. x_{s+T-1}, and where the target's
+own answer starts. "Training-time test": the head's unroll is run for all
+positions at once, `depths` times. At depth 0 entry p reads the target's fused
+state g_p and the token x_{p+1}, attending causally to depth-0 entries; at
+depth d entry p stands for the d-th chain step from anchor a = p - d: it reads
+x_{p+1} and depth d-1's output at p - 1, and attends to the depth-0 entries
+0..a and to the chain's own entries, depth j's at a + j (j = 1..d). Every
+entry p is scored by cross-entropy on x_{p+2} where that is an answer token
+(the target's greedy token: the one a draft must hit) and the anchor is in the
+window; depth d weighted fit.DEPTH_DECAY**d. drafters/eagle.py `chain` runs
+exactly this with the drafted tokens (tests/test_eagle.py checks it).
+
+Validation: greedy chain acceptance per depth from every anchor whose first
+drafted token is an answer token (a missing label counts as a miss), and
+tau = 1 + sum(accept).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specdecode.drafters.eagle import Eagle3Config, Eagle3Head
+from specdecode.train.fit import DEPTH_DECAY
+
+
+def ttt_mask(t: int, depth: int) -> torch.Tensor:  # -> [t, (depth + 1) * t] bool
+    """Which keys entry p of `depth` attends to: depth 0's keys 0..p-depth, then
+    depth j's key p-depth+j for j = 1..depth (itself last)."""
+    p = torch.arange(t)[:, None]
+    i = torch.arange(t)[None, :]
+    blocks = [i <= p - depth] + [i == p - depth + j for j in range(1, depth + 1)]
+    return torch.cat(blocks, 1)
+
+
+def unrolled_logits(head: Eagle3Head, aux: torch.Tensor,  # [T, len(aux_layers) * H]
+                    ids: torch.Tensor,  # [T + 1] int64 x_s .. x_{s+T}
+                    start: int, depths: int) -> list[torch.Tensor]:  # depths x [T, Vd]
+    """Each depth's logits at every entry (row p scores x_{s+p+2}); rows p < d of
+    depth d have no anchor in the window (ignore them)."""
+    t, layer = aux.shape[0], head.layer
+    positions = torch.arange(start, start + t)
+    e, g = head.embed_of(ids[1:]), head.fuse(aux)
+    keys, values, out = [], [], []
+    for d in range(depths):
+        q, k, v = layer.qkv(e, g, positions)
+        keys.append(k)
+        values.append(v)
+        o = layer.finish(g, layer.self_attn.attend(
+            q, torch.cat(keys, 1), torch.cat(values, 1), ttt_mask(t, d)))
+        out.append(head.logits(o))
+        g = torch.cat((torch.zeros_like(o[:1]), o[:-1]))  # depth d+1 at p reads o at p-1
+    return out
+
+
+@dataclass
+class Shard:
+    """One window: aux [T, LH], ids [T + 1] int64, answer_start, start (data.py)."""
+
+    aux: torch.Tensor
+    ids: torch.Tensor
+    answer_start: int
+    start: int
+
+    def labels(self, t2d: torch.Tensor, depth: int) -> torch.Tensor:  # -> [T] int64
+        """Draft ids of x_{p+2} for each entry p of `depth` (-100: not scored)."""
+        t = self.aux.shape[0]
+        nxt = torch.full((t,), -1, dtype=torch.long)
+        nxt[: max(0, t - 1)] = self.ids[2:t + 1]
+        p = torch.arange(t)
+        ok = (nxt >= 0) & (p + 2 >= self.answer_start) & (p >= depth)
+        return torch.where(ok, t2d[nxt.clamp(min=0)], -100)
+
+
+def load_windows(paths: Sequence) -> list[Shard]:
+    """The non-empty shards of data.answer_with_context files."""
+    from safetensors.torch import load_file
+    out = []
+    for path in paths:
+        t = load_file(str(path))
+        if t["aux"].shape[0] >= 2:
+            out.append(Shard(t["aux"].float(), t["ids"], int(t["answer_start"][0]),
+                             int(t["start"][0])))
+    return out
+
+
+@dataclass
+class Sequences:
+    """A set of windows for fit.fit: `sample` draws windows, `loss` and
+    `acceptance` are the module docstring's; depths: unrolled steps."""
+
+    shards: list[Shard]
+    depths: int
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    def sample(self, gen: torch.Generator, batch: int) -> Sequences:
+        """Windows drawn at random until about `batch` entries (at least one)."""
+        picked, rows = [], 0
+        while rows < batch or not picked:
+            shard = self.shards[int(torch.randint(len(self.shards), (1,), generator=gen))]
+            picked.append(shard)
+            rows += shard.aux.shape[0]
+        return Sequences(picked, self.depths)
+
+    def loss(self, head: Eagle3Head, t2d: torch.Tensor) -> torch.Tensor:
+        total, count = torch.zeros(()), 0
+        for shard in self.shards:
+            logits = unrolled_logits(head, shard.aux, shard.ids, shard.start, self.depths)
+            for d, rows in enumerate(logits):
+                labels = shard.labels(t2d, d)
+                n = int((labels >= 0).sum())
+                if n:
+                    total = total + DEPTH_DECAY ** d * torch.nn.functional.cross_entropy(
+                        rows.float(), labels, ignore_index=-100, reduction="sum")
+                    count += n if d == 0 else 0
+        return total / max(1, count)
+
+    @torch.no_grad()
+    def acceptance(self, head: Eagle3Head) -> list[float]:
+        """accept[d]: share of anchors whose first d + 1 greedy chain steps all match."""
+        hits, anchors = torch.zeros(self.depths), 0
+        for shard in self.shards:
+            logits = unrolled_logits(head, shard.aux, shard.ids, shard.start, self.depths)
+            t = shard.aux.shape[0]
+            nxt = torch.full((t + self.depths,), -2, dtype=torch.long)
+            nxt[: t - 1] = shard.ids[2:t + 1]
+            a = torch.arange(max(0, shard.answer_start - 2), t - 1)  # anchors
+            alive = torch.ones(len(a), dtype=torch.bool)
+            for d, rows in enumerate(logits):
+                p = a + d
+                drafted = head.draft_ids[rows[p.clamp(max=t - 1)].argmax(-1)]
+                alive &= (p < t) & (drafted == nxt[p])
+                hits[d] += alive.sum()
+            anchors += len(a)
+        return (hits / max(1, anchors)).tolist()
+
+
+def new_head(embed: torch.Tensor,  # [V, H] the target's embedding table
+             lm_head: torch.Tensor,  # [V, H] the target's output projection
+             draft_ids: torch.Tensor,  # [Vd] int64
+             target_cfg, aux_layers: Sequence[int] | None = None) -> Eagle3Head:
+    """An EAGLE-3 head shaped like one of the target's layers (heads, KV heads,
+    head size, MLP width, RoPE base; target_cfg: models.config.ModelConfig),
+    its lm_head started from the target's rows."""
+    v, h = embed.shape
+    layers = tuple(aux_layers or Eagle3Config.default_layers(target_cfg.num_layers))
+    cfg = Eagle3Config(h, target_cfg.intermediate_size, target_cfg.num_heads,
+                       target_cfg.num_kv_heads, target_cfg.head_dim, len(draft_ids), v,
+                       layers, target_cfg.rms_norm_eps, target_cfg.rope_theta)
+    head = Eagle3Head(cfg, embed)
+    head.init_from_target(lm_head, draft_ids)
+    return head

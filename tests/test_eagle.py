@@ -1,0 +1,352 @@
+"""The EAGLE-3 head: training's unroll equals drafting, greedy identity in float32,
+its cache kept in step across plain steps and prefix-cache turns, the sampled
+law (drafters/eagle.py, train/eagle_fit.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from conftest import plain_greedy, tiny
+from specdecode import SamplingParams, SpeculativeDecoder
+from specdecode.drafters.eagle import Eagle3Cache, Eagle3Drafter, Eagle3Head, chain, enter
+from specdecode.models import Transformer
+from specdecode.train import data, eagle_fit
+from specdecode.verify import SamplingVerifier
+
+
+def eagle_for(target: Transformer, vocab: int | None = None, seed: int = 0) -> Eagle3Head:
+    """An untrained head with random weights (lm_head from the target) over `vocab` ids."""
+    torch.manual_seed(seed)
+    v = target.config.vocab_size
+    head = eagle_fit.new_head(target.embed_tokens.weight, target.lm_head.weight,
+                              torch.arange(v)[: vocab or v], target.config)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if "norm" not in name and name != "lm_head.weight":
+                p.normal_(0, 0.3)
+    return head.eval()
+
+
+def test_default_layers():
+    from specdecode.drafters.eagle import Eagle3Config
+    assert Eagle3Config.default_layers(30) == (1, 14, 26)  # vLLM's 2, 15, 27
+    assert Eagle3Config.default_layers(2) == (0, 1)
+
+
+def test_ttt_mask():
+    m = eagle_fit.ttt_mask(4, 2)  # depth 2: depth-0 keys <= p-2, depth-1 key p-1, self
+    assert m[3].tolist() == [True, True, False, False, False, False, True, False,
+                             False, False, False, True]
+    assert m[0, 8:].tolist() == [True, False, False, False]  # no anchor: itself only
+
+
+@torch.no_grad()
+def test_training_unroll_is_incremental_drafting():
+    """Depth d's logits at entry p (training, all positions at once) equal the
+    drafter's chain step d from anchor p - d, with the window's tokens forced."""
+    target = tiny(5)
+    head = eagle_for(target, 50)
+    t, width = 12, len(head.config.aux_layers) * head.config.hidden_size
+    aux, ids, start = torch.randn(t, width), torch.randint(0, 50, (t + 1,)), 7
+    depths = 4
+    unrolled = eagle_fit.unrolled_logits(head, aux, ids, start, depths)
+    for a in range(t - depths):
+        cache = Eagle3Cache()
+        cache.reset(start)
+        enter(head, cache, aux[: a + 1], ids[1: a + 2])
+        _, steps = chain(head, cache, depths, None, forced=ids[a + 2: a + 2 + depths].tolist())
+        for d in range(depths):
+            assert torch.allclose(steps[d], unrolled[d][a + d], atol=1e-3), (a, d)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_greedy_identity_float32(k):
+    target = tiny(6)
+    prompt = [5, 9, 2, 6, 5, 3, 5, 8]
+    want = plain_greedy(target, prompt, 40)
+    for vocab in (None, 40):
+        drafter = Eagle3Drafter(eagle_for(target, vocab))
+        out = SpeculativeDecoder(target, drafter, k, prefix_cache=False).generate(
+            prompt, SamplingParams(max_tokens=40, ignore_eos=True))
+        assert out.token_ids == want
+        assert out.stats.drafted > 0
+
+
+class Checked(Eagle3Drafter):
+    """After each catch-up, the cache must hold exactly what a fresh cache built from
+    the whole accepted prefix holds (the states recomputed by the target)."""
+
+    def __init__(self, head, target):
+        super().__init__(head)
+        self.target, self.checks = target, 0
+
+    @torch.no_grad()
+    def propose(self, ctx):
+        draft = super().propose(ctx)
+        if self.cache.last_o is not None:
+            n = len(ctx.tokens)
+            ref = Eagle3Cache()
+            ref.reset(self.cache.base)
+            aux = states(self.target, ctx.tokens[:n - 1], self.hidden_layers)
+            enter(self.head, ref, aux[self.cache.base:], torch.tensor(
+                ctx.tokens[self.cache.base + 1:n]))
+            assert ref.end == self.cache.end == n - 1
+            torch.testing.assert_close(ref.k, self.cache.k, rtol=1e-4, atol=1e-3)
+            torch.testing.assert_close(ref.last_o, self.cache.last_o, rtol=1e-4, atol=1e-3)
+            self.checks += 1
+        return draft
+
+
+def states(target: Transformer, ids: list[int], layers) -> torch.Tensor:
+    """[len(ids), LH] the layers' states at every position, from a fresh side pass."""
+    seq = target.sequence(3)
+    out = seq.prefill(torch.tensor(ids), hidden_layers=layers, hidden_all=True)
+    return torch.cat([out.hidden_states[i] for i in layers], -1)
+
+
+def test_cache_follows_accepts_plain_steps_and_turns():
+    """Against a recomputed cache at every proposal: rejected chains, steps the
+    controller ran plain (k = 0 between), and a second turn on the prefix cache."""
+    target = tiny(7)
+    drafter = Checked(eagle_for(target, seed=3), target)
+    dec = SpeculativeDecoder(target, drafter, 3)
+    prompt = [4, 8, 15, 16, 23, 42]
+    first = dec.generate(prompt, SamplingParams(max_tokens=20, ignore_eos=True))
+    turn2 = prompt + first.token_ids + [7, 7, 1]
+    second = dec.generate(turn2, SamplingParams(max_tokens=20, ignore_eos=True))
+    assert second.token_ids == plain_greedy(target, turn2, 20)
+    assert second.stats.cached_tokens > 0 and drafter.checks > 10
+    assert drafter.cache.base == 0  # the second turn kept the first's entries
+
+
+def test_plain_steps_between_drafts_keep_the_context():
+    """A drafter asked only every third step still sees every accepted state."""
+    target = tiny(8)
+
+    class Sometimes(Checked):
+        calls = 0
+
+        def propose(self, ctx):
+            self.calls += 1
+            return super().propose(ctx) if self.calls % 3 == 1 else _empty()
+
+    drafter = Sometimes(eagle_for(target), target)
+    prompt = [1, 2, 3, 4, 5]
+    out = SpeculativeDecoder(target, drafter, 2, prefix_cache=False).generate(
+        prompt, SamplingParams(max_tokens=24, ignore_eos=True))
+    assert out.token_ids == plain_greedy(target, prompt, 24) and drafter.checks >= 3
+
+
+def _empty():
+    from specdecode.drafters.base import Draft
+    return Draft.empty()
+
+
+def test_context_shard_rows():
+    """answer_with_context: ids = prompt tail + answer, aux row p = the states at
+    x_{s+p} (checked against a side pass over the same tokens)."""
+    target = tiny(9)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    layers = (0, 1)
+    shard = data.answer_with_context(target, prompt, 10, (), layers, context=5)
+    answer = plain_greedy(target, prompt, 10)
+    s = int(shard["start"][0])
+    assert s == 3 and shard["ids"].tolist() == prompt[s:] + answer
+    assert int(shard["answer_start"][0]) == 5
+    full = states(target, prompt + answer[:-1], layers)
+    assert torch.allclose(shard["aux"].float(), full[s:], atol=2e-3)
+
+
+@pytest.mark.slow
+def test_sampling_preserves_the_target_distribution():
+    """Chi-square on the first two tokens at T = 1 with the head's q (k = 3); the
+    always-accept verifier fails the same test (negative control)."""
+    from test_distribution import always_accept, chi_square_pvalue, exact_joint, sample_joint
+    from test_hidden_head import small_target
+    target = small_target(4)
+    params = SamplingParams(temperature=1.0, max_tokens=4)
+    exact = exact_joint(target, params)
+    good = SpeculativeDecoder(target, Eagle3Drafter(eagle_for(target)), 3)
+    assert chi_square_pvalue(sample_joint(good, params, 6000), exact) > 1e-3
+
+    def broken(params, key, generator):
+        return SamplingVerifier(params, key, generator, rejection=always_accept)
+    bad = SpeculativeDecoder(target, Eagle3Drafter(eagle_for(target)), 3, verifier=broken)
+    assert chi_square_pvalue(sample_joint(bad, params, 6000), exact) < 1e-6
+
+
+def exported(tmp_path, head: Eagle3Head, target: Transformer):
+    """The head in the speculators format, with a local verifier folder (an HF config
+    and the target's embedding / lm_head / norm) that the package can read."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from specdecode.train import speculators
+    verifier = tmp_path / "verifier"
+    verifier.mkdir()
+    c = target.config
+    (verifier / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": c.num_layers, "hidden_size": c.hidden_size,
+        "vocab_size": c.vocab_size, "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads, "intermediate_size": c.intermediate_size}))
+    save_file({"model.embed_tokens.weight": target.embed_tokens.weight.detach().clone(),
+               "lm_head.weight": target.lm_head.weight.detach().clone(),
+               "model.norm.weight": target.norm.weight.detach().clone()},
+              str(verifier / "model.safetensors"))
+    return speculators.export(tmp_path / "spec", head.config, head.state_dict(),
+                              verifier=str(verifier), architecture="LlamaForCausalLM", k=3)
+
+
+def test_export_round_trip_drafts_the_same(tmp_path):
+    """Export, validate, import: the imported head drafts the same tokens; our own
+    save/load likewise; the exported ids are vLLM's (ours + 1)."""
+    import json
+
+    from specdecode.train import speculators
+    target = tiny(10)
+    head = eagle_for(target, 40, seed=2)
+    folder = exported(tmp_path, head, target)
+    assert speculators.validate(folder, target_layers=target.config.num_layers,
+                                target_vocab=target.config.vocab_size,
+                                hidden_size=target.config.hidden_size) == []
+    raw = json.loads((folder / "config.json").read_text())
+    assert raw["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in head.config.aux_layers]
+    prompt = [2, 7, 1, 8, 2, 8]
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    runs = []
+    for h in (head, speculators.load_any(folder, target.embed_tokens.weight),
+              speculators.load_any(head.save(tmp_path / "ours"), target.embed_tokens.weight)):
+        out = SpeculativeDecoder(target, Eagle3Drafter(h), 3, prefix_cache=False).generate(
+            prompt, params)
+        runs.append((out.token_ids, out.stats.accepted, out.stats.drafted))
+    assert runs[0] == runs[1] == runs[2] and runs[0][0] == plain_greedy(target, prompt, 30)
+
+
+def test_validator_names_what_vllm_would_reject(tmp_path):
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from specdecode.train import speculators
+    target = tiny(11)
+    folder = exported(tmp_path, eagle_for(target, 40), target)
+    weights = load_file(str(folder / "model.safetensors"))
+
+    def broken(**changes):
+        bad = {**weights, **changes}
+        bad = {k: v for k, v in bad.items() if v is not None}
+        save_file(bad, str(folder / "model.safetensors"))
+        return speculators.validate(folder)
+
+    assert any("fc.weight: shape" in p for p in broken(**{"fc.weight": torch.zeros(3, 3)}))
+    assert broken(**{"norm.weight": None}) == ["norm.weight: missing"]
+    d2t = weights["d2t"].clone()
+    d2t[1] = d2t[0] - 1  # draft tokens 0 and 1 on one target token
+    assert broken(d2t=d2t) == ["d2t maps two draft tokens to one target token"]
+    t2d = weights["t2d"].clone()
+    t2d[-1] = not t2d[-1]
+    assert broken(t2d=t2d) == ["t2d does not mark exactly d2t's target ids"]
+    broken()
+    raw = json.loads((folder / "config.json").read_text())
+    raw["speculators_config"]["algorithm"] = "eagle"
+    (folder / "config.json").write_text(json.dumps(raw))
+    assert "speculators_config.algorithm must be 'eagle3'" in speculators.validate(folder)
+    assert speculators.validate(folder, target_layers=1)[-1].startswith(
+        "eagle_aux_hidden_state_layer_ids")
+    with pytest.raises(ValueError, match="algorithm"):
+        speculators.load(folder, target.embed_tokens.weight)
+
+
+def test_speculators_package_reads_the_export(tmp_path):
+    """The speculators package (vLLM's format library) loads the exported config and
+    weights: every tensor we wrote is the one its Eagle3DraftModel holds."""
+    if not os.environ.get("CI"):  # .ci/run installs it (--no-deps: see there)
+        pytest.importorskip("speculators")
+    from safetensors.torch import load_file
+    from speculators.models.eagle3 import Eagle3DraftModel
+
+    from specdecode.train import speculators
+    target = tiny(12)
+    head = eagle_for(target, 40)
+    folder = exported(tmp_path, head, target)
+    assert speculators.package_check(folder) == []
+    model = Eagle3DraftModel.from_pretrained(str(folder))
+    theirs = model.state_dict()
+    for name, tensor in load_file(str(folder / "model.safetensors")).items():
+        assert torch.equal(theirs[name].to(tensor.dtype), tensor), name
+    assert list(model.config.eagle_aux_hidden_state_layer_ids) == [
+        i + 1 for i in head.config.aux_layers]
+    assert model.config.draft_vocab_size == 40
+
+
+@pytest.mark.slow
+def test_end_to_end_on_smollm2(tmp_path):
+    """Collect context shards (resumable), train with the unrolled loss, export, load
+    by name, draft: the trained head's held-out acceptance beats the untrained
+    head's clearly; greedy output is plain's (torch float32)."""
+    import real
+    from specdecode.train import fit, speculators
+    loaded = real.load("smollm2-135m")
+    target, tok = loaded.model, loaded.tokenizer
+    encode = lambda p: tok.chat([{"role": "user", "content": p}])  # noqa: E731
+    stops = tuple(target.config.eos_token_ids)
+    layers = Eagle3Config_layers(target)
+    answer = lambda ids: data.answer_with_context(  # noqa: E731
+        target, ids, 40, stops, layers, context=64)
+    paths = data.collect(target, encode, data.docstring_prompts(24), tmp_path / "train",
+                         progress=False, answer=answer)
+    assert data.collect(target, encode, data.docstring_prompts(24), tmp_path / "train",
+                        progress=False, answer=None) == paths  # resumed: no work
+    val_paths = data.collect(target, encode, data.docstring_prompts(6, skip=60),
+                             tmp_path / "val", progress=False, answer=answer)
+    train = eagle_fit.load_windows(paths)
+    answers = [(w.ids[w.answer_start:], None) for w in train]
+    d2t = fit.draft_vocabulary(answers, 2048, target.config.vocab_size, always=stops)
+    head = eagle_fit.new_head(target.embed_tokens.weight, target.lm_head.weight, d2t,
+                              target.config, layers)
+    wt = eagle_fit.Sequences(train, 3)
+    wv = eagle_fit.Sequences(eagle_fit.load_windows(val_paths), 3)
+    untrained = wv.acceptance(head)
+    result = fit.fit(head, wt, wv, steps=100, batch=256, lr=2e-3, evals=2)
+    trained = result.curve[-1]["accept"]
+    print("eagle3 smollm2: untrained", untrained, "trained", trained, "tau", result.tau)
+    assert trained[0] > untrained[0] + 0.15 and result.tau > 1 + sum(untrained) + 0.2
+    folder = exported(tmp_path, head, target)
+    assert speculators.validate(folder, target_layers=target.config.num_layers) == []
+    prompt = encode(data.docstring_prompts(1, skip=80)[0])
+    want = plain_greedy(target, prompt, 40)
+    from specdecode.llm import LLM
+    llm = LLM.load("smollm2-135m", drafter="eagle3", head=str(folder), k=3,
+                   dtype="float32", backend="torch", adaptive=False)
+    out = llm.decoder.generate(prompt, SamplingParams(max_tokens=40, ignore_eos=True))
+    assert out.token_ids == want and out.stats.accepted > 0
+
+
+def Eagle3Config_layers(target):
+    from specdecode.drafters.eagle import Eagle3Config
+    return Eagle3Config.default_layers(target.config.num_layers)
+
+
+def test_export_command(tmp_path):
+    """`specdecode export`: the vllm serve line on stdout; bad input one line, exit 2."""
+    from test_cli import assert_clean_error, run
+    target = tiny(13)
+    head = eagle_for(target, 40).save(tmp_path / "head")
+    done = run("export", "--head", str(head), "--out", str(tmp_path / "out"),
+               "--target", "smollm2-135m")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"vllm serve {(tmp_path / 'out').resolve()}"
+    assert "speculators" in done.stderr
+    assert_clean_error(run("export", "--head", str(tmp_path / "none"), "--out",
+                           str(tmp_path / "x")), "config.json")
+    assert_clean_error(run("export", "--head", str(head), "--out", str(tmp_path / "y"),
+                           "--target", "my/own"), "--verifier")
+    (tmp_path / "hh").mkdir()
+    (tmp_path / "hh" / "config.json").write_text('{"format": "specdecode-hidden-head-v1"}')
+    assert_clean_error(run("export", "--head", str(tmp_path / "hh"), "--out",
+                           str(tmp_path / "z")), "not a specdecode-eagle3-v1 head")
