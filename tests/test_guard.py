@@ -174,3 +174,13 @@ def test_under_a_controller_the_other_drafter_continues(target):
     assert out.token_ids == truth[len(prompt):]
     assert broken.calls == 3 and out.stats.drafter_errors == 1
     assert out.stats.drafter_steps.get("phase", 0) >= 3
+
+
+def test_the_cli_warns_in_one_line_when_the_guard_engaged():
+    from specdecode.cli import guard_warning
+    from specdecode.stats import SpecStats
+
+    assert guard_warning(SpecStats(steps=10)) is None
+    line = guard_warning(SpecStats(steps=100, guard_plain_steps=60, guard_engagements=1))
+    assert line.startswith("specdecode: warning:") and "60 of 100 steps" in line
+    assert "\n" not in line

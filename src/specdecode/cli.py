@@ -401,6 +401,9 @@ def run_and_report(llm, prompt_ids, params, seed, compare_plain: bool, as_json: 
         result = llm.generate(prompt_ids, params, seed, speculative=speculative)
     else:
         result = _stream_to_stdout(llm, prompt_ids, params, seed, speculative)
+    warning = guard_warning(result.stats)
+    if warning:
+        print(warning, file=sys.stderr)
     plain = None
     if compare_plain:
         llm.target.rollback(0)  # a prefill of its own, as the first run's (no reuse)
@@ -411,6 +414,20 @@ def run_and_report(llm, prompt_ids, params, seed, compare_plain: bool, as_json: 
     else:
         print_report(llm, result, plain)
     return 0
+
+
+def guard_warning(stats) -> str | None:
+    """One stderr line when the acceptance-collapse guard (collapse.py) made steps
+    plain or a drafter raised (None: neither happened)."""
+    parts = []
+    if stats.guard_plain_steps or stats.guard_engagements:
+        parts.append(f"acceptance fell below break-even: speculation was off for "
+                     f"{stats.guard_plain_steps} of {stats.steps} steps (plain decoding, "
+                     "probes now and then)")
+    if stats.drafter_errors:
+        parts.append(f"{stats.drafter_errors} drafter(s) raised and were switched off "
+                     "(output unchanged; see the log)")
+    return "specdecode: warning: " + "; ".join(parts) if parts else None
 
 
 def _stream_to_stdout(llm, prompt_ids, params, seed, speculative):

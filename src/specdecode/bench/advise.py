@@ -93,12 +93,15 @@ def advise(options: AdviseOptions, models=None) -> dict:
                                                    c_verify)
                          for k in range(1, llm.k + 1)}
             best_k = max(predicted, key=predicted.get)
+            verify = c_verify.get(best_k + 1, max(c_verify.values()))
             candidates.append({"drafter": method, "measured_k": llm.k,
                                "acceptance_rate": stats.acceptance_rate,
                                "mean_accepted_length": stats.mean_accepted_length,
                                "position_acceptance": stats.position_acceptance,
                                "c_draft": c_draft, "predicted_speedup": predicted,
-                               "best_k": best_k, "best_speedup": predicted[best_k]})
+                               "best_k": best_k, "best_speedup": predicted[best_k],
+                               "break_even_acceptance": metrics.break_even_acceptance(
+                                   best_k, c_draft, verify)})
         best = max(candidates, key=lambda c: c["best_speedup"], default=None)
         per_workload.append({"workload": workload, "prompts": len(ps), "candidates": candidates,
                              "recommendation": _recommend(best)})
@@ -124,6 +127,19 @@ def _recommend(best: dict | None) -> dict:
                     "(prefill excluded; acceptance "
                     f"{best['acceptance_rate']:.2f}, tau {best['mean_accepted_length']:.2f} "
                     f"at k={best['measured_k']})."}
+
+
+def guard_line(c: dict) -> str:
+    """What the collapse guard (collapse.py) would do with this candidate: its
+    acceptance against the acceptance that breaks even at its best k."""
+    even, a = c["break_even_acceptance"], c["acceptance_rate"]
+    if even is None:
+        return (f"guard: {c['drafter']} cannot break even at any acceptance; the adaptive "
+                "engine keeps speculation off (plain steps, probes now and then)")
+    state = ("below: the adaptive engine switches speculation off (plain steps, probes now "
+             "and then)" if a < even else "above: speculation stays on")
+    return (f"guard: {c['drafter']} breaks even at acceptance {even:.2f} (k={c['best_k']}); "
+            f"measured {a:.2f}, {state}")
 
 
 def print_advice(advice: dict, console=None) -> None:
@@ -152,6 +168,8 @@ def print_advice(advice: dict, console=None) -> None:
                           " ".join(f"{k}:{c['predicted_speedup'][k]:.2f}" for k in shown))
         console.print(table)
         console.print(w["recommendation"]["text"])
+        for c in w["candidates"]:
+            console.print(guard_line(c))
     mem = advice["memory"]
     console.print("memory (weights + KV cache): " + ", ".join(
         f"{k} {v / 2**30:.2f} GiB" for k, v in mem.items()) + f"; total "

@@ -47,6 +47,7 @@ COLUMNS = [
     ("acceptance", lambda e: _f(e.get("acceptance_rate"))),
     ("tau", lambda e: _f(e.get("mean_accepted_length"))),
     ("identical", _exact),
+    ("spec off (guard)", lambda e: _f(e.get("guard_plain_fraction"), ".0%")),
 ]
 
 COST_COLUMNS = [
@@ -78,7 +79,7 @@ TURN_COLUMNS = [
 
 
 TERMINAL = ("workload", "T", "configuration", "tok/s (median)", "speedup", "vs HF plain",
-            "acceptance", "tau", "identical")
+            "acceptance", "tau", "identical", "spec off (guard)")
 
 
 def print_table(result: dict, console: Console | None = None) -> None:
