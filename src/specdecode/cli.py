@@ -460,12 +460,21 @@ def cmd_serve(args) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"specdecode: warning: serving on {args.host} without --api-key",
               file=sys.stderr)
-    llm = LLM.from_spec(load_spec(args))
+    spec = load_spec(args)
+    print_memory_plan(spec)
+    llm = LLM.from_spec(spec)
     serve(llm, host=args.host, port=args.port, api_key=args.api_key or None,
           max_queue=args.max_queue,
           model_name=args.served_model_name or served_model_name(args.target),
           log_level=args.log_level)
     return 0
+
+
+def print_memory_plan(spec) -> None:
+    """The memory plan of `spec` (memory.py) as one stderr line, before loading."""
+    from specdecode.memory import memory_plan
+
+    print(f"specdecode: {memory_plan(spec).describe()}", file=sys.stderr)
 
 
 def cmd_bench(args) -> int:

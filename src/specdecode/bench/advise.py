@@ -58,7 +58,7 @@ def _bench_options(o: AdviseOptions) -> BenchOptions:
 def advise(options: AdviseOptions, models=None) -> dict:
     """Measure and recommend; returns the JSON-ready advice (see `print_advice`)."""
     bench_options = _bench_options(options)
-    models = models or load_models(bench_options)
+    models = models or load_models(bench_options)  # refuses a memory plan that cannot fit
     plain = models.plain
     tok = plain.tokenizer
     spec_labels = [label for label in models.llms if label != "specdecode plain"]
@@ -108,7 +108,8 @@ def advise(options: AdviseOptions, models=None) -> dict:
     return {"target": bench_options.target, "draft_model": bench_options.draft_model,
             "temperature": options.temperature, "plain_step_seconds": curve[1],
             "cost_curve_seconds": curve, "c_verify": c_verify,
-            "memory": models.memory, "workloads": per_workload}
+            "memory": models.memory, "memory_plan": models.memory_plan,
+            "workloads": per_workload}
 
 
 def _recommend(best: dict | None) -> dict:
@@ -170,6 +171,13 @@ def print_advice(advice: dict, console=None) -> None:
         console.print(w["recommendation"]["text"])
         for c in w["candidates"]:
             console.print(guard_line(c))
+    if advice.get("memory_plan"):
+        plan = advice["memory_plan"]
+        console.print("memory plan (GiB, before loading): " + ", ".join(
+            f"{k} {v / 2**30:.2f}" for k, v in plan["parts"].items())
+            + f"; total {plan['total'] / 2**30:.2f} of "
+            + ("?" if plan["available"] is None else f"{plan['available'] / 2**30:.2f}")
+            + " available")
     mem = advice["memory"]
     console.print("memory (weights + KV cache): " + ", ".join(
         f"{k} {v / 2**30:.2f} GiB" for k, v in mem.items()) + f"; total "
