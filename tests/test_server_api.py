@@ -21,7 +21,8 @@ CHAT = [{"role": "user", "content": "List three colors, one per line."}]
 PROMPT = "def add(a, b):\n"
 GREEDY = {"temperature": 0}  # recent anthropic SDKs no longer take sampling arguments
 SPEC_FIELDS = {"drafter", "k", "steps", "drafted", "accepted", "acceptance_rate",
-               "mean_accepted_length", "tokens_per_second", "drafter_steps"}
+               "mean_accepted_length", "tokens_per_second", "drafter_steps",
+               "guard_plain_steps", "guard_engagements", "speculation_paused", "drafter_errors"}
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +174,9 @@ def test_health_metrics_and_auth(server, oai):
     for name in ("specdecode_requests_total", "specdecode_completion_tokens_total",
                  "specdecode_drafted_tokens_total", "specdecode_accepted_tokens_total",
                  "specdecode_acceptance_rate_bucket", "specdecode_queue_depth",
-                 "specdecode_time_per_output_token_seconds_bucket"):
+                 "specdecode_time_per_output_token_seconds_bucket",
+                 "specdecode_guard_engagements_total", "specdecode_guard_plain_steps_total",
+                 "specdecode_speculation_paused", "specdecode_drafter_errors_total"):
         assert name in text
     tokens = [line for line in text.splitlines()
               if line.startswith("specdecode_completion_tokens_total")]

@@ -418,6 +418,9 @@ def run_and_report(llm, prompt_ids, params, seed, compare_plain: bool, as_json: 
         result = llm.generate(prompt_ids, params, seed, speculative=speculative)
     else:
         result = _stream_to_stdout(llm, prompt_ids, params, seed, speculative)
+    warning = guard_warning(result.stats)
+    if warning:
+        print(warning, file=sys.stderr)
     plain = None
     if compare_plain:
         llm.target.rollback(0)  # a prefill of its own, as the first run's (no reuse)
@@ -428,6 +431,20 @@ def run_and_report(llm, prompt_ids, params, seed, compare_plain: bool, as_json: 
     else:
         print_report(llm, result, plain)
     return 0
+
+
+def guard_warning(stats) -> str | None:
+    """One stderr line when the acceptance-collapse guard (collapse.py) made steps
+    plain or a drafter raised (None: neither happened)."""
+    parts = []
+    if stats.guard_plain_steps or stats.guard_engagements:
+        parts.append(f"acceptance fell below break-even: speculation was off for "
+                     f"{stats.guard_plain_steps} of {stats.steps} steps (plain decoding, "
+                     "probes now and then)")
+    if stats.drafter_errors:
+        parts.append(f"{stats.drafter_errors} drafter(s) raised and were switched off "
+                     "(output unchanged; see the log)")
+    return "specdecode: warning: " + "; ".join(parts) if parts else None
 
 
 def _stream_to_stdout(llm, prompt_ids, params, seed, speculative):
@@ -460,12 +477,21 @@ def cmd_serve(args) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"specdecode: warning: serving on {args.host} without --api-key",
               file=sys.stderr)
-    llm = LLM.from_spec(load_spec(args))
+    spec = load_spec(args)
+    print_memory_plan(spec)
+    llm = LLM.from_spec(spec)
     serve(llm, host=args.host, port=args.port, api_key=args.api_key or None,
           max_queue=args.max_queue,
           model_name=args.served_model_name or served_model_name(args.target),
           log_level=args.log_level)
     return 0
+
+
+def print_memory_plan(spec) -> None:
+    """The memory plan of `spec` (memory.py) as one stderr line, before loading."""
+    from specdecode.memory import memory_plan
+
+    print(f"specdecode: {memory_plan(spec).describe()}", file=sys.stderr)
 
 
 def cmd_bench(args) -> int:

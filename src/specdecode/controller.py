@@ -30,6 +30,12 @@ estimates belong to the request (`Control`, from `Controller.begin`), per
 drafter and kind of draft (Draft.kind), and only a kind's pessimistic
 estimates are carried to the next request (speclen.LengthPolicy.begin).
 
+A run of steps where nothing pays engages the acceptance-collapse guard
+(collapse.py, `Controller.guard`): speculation off, plain steps with a probe
+now and then, reported in the stats (`guard_plain_steps`, `speculation_paused`).
+A drafter that raised during a request (`Control.failed`, engine.py) is left
+out of that request's plans.
+
 Nothing here changes what is emitted: the controller only chooses the draft
 the verifier sees, and every verifier is lossless for any draft.
 """
@@ -41,6 +47,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from specdecode.collapse import CollapseGuard
 from specdecode.drafters.base import Draft, DraftContext, Drafter
 from specdecode.speclen import CostModel, LengthPolicy, best_length, rate_at
 
@@ -258,6 +265,7 @@ class Control:
         self.slots = list(slots)
         self._policies: list[dict[int, LengthPolicy]] = [{} for _ in self.slots]
         self._epochs = [slot.epoch for slot in self.slots]
+        self.failed: set[int] = set()  # slots whose drafter raised in this request
 
     def policy(self, i: int, kind: int = 0) -> LengthPolicy:
         """The estimates of slot i's drafts of this kind (made on first use). Kind 0
@@ -297,6 +305,7 @@ class Plan:
     length: int = 0  # a costly drafter's length to ask for (0: the draft is final)
     k: int = 0  # the most the step could have drafted
     policy: LengthPolicy | None = None  # the estimates the draft was priced with
+    guarded: bool = False  # plain because the collapse guard is engaged (collapse.py)
 
 
 class Controller:
@@ -312,6 +321,7 @@ class Controller:
             raise ValueError("a controller needs at least one drafter")
         self.slots, self.prior = list(slots), prior
         self.costs = OnlineCosts(prior) if online else None
+        self.guard = CollapseGuard()
 
     @classmethod
     def single(cls, drafter: Drafter, policy: LengthPolicy, *, online: bool = False
@@ -340,30 +350,55 @@ class Controller:
         best, best_rate = Plan(Draft.empty(), None, costs, 0, k), 1.0
         if k <= 0:
             return best
+        if not self.guard.probe_now():  # speculation off: plain, pauses still count down
+            for i, slot in enumerate(self.slots):
+                if slot.costly and i not in control.failed:
+                    slot.tick()
+            best.guarded = True
+            return best
+        judged = False  # some drafter had an option this step (priced, or a draft cut)
         for i, slot in enumerate(self.slots):
+            if i in control.failed:
+                continue
             if slot.costly:
-                policy = control.policy(i)
-                policy.costs = costs
-                length, rate = self._price_costly(slot, policy, context, k, costs)
-                option = Plan(Draft.empty(), slot, costs, length, k, policy)
+                option, rate = self._costly_option(control, i, context, k, costs)
+                judged = True
             else:
-                for policy in control.policies(i):
-                    policy.resolve(context)
-                pooled = control.policy(i)
-                draft = propose(slot.drafter, ctx)
-                policy = control.policy(i, draft.kind)
-                policy.costs = costs
-                for watcher in [pooled] if policy is pooled else [pooled, policy]:
-                    watcher.watch(len(context), draft.tokens.tolist())
-                length, rate = self._price_free(policy, draft, costs, len(context))
-                option = Plan(draft.truncate(length), slot, costs, 0, k, policy)
-            if length and rate > best_rate + 1e-9:
+                option, rate, drafted = self._free_option(control, i, ctx, costs, propose)
+                judged = judged or drafted > 0
+            if option.length + len(option.draft) and rate > best_rate + 1e-9:
                 best, best_rate = option, rate
+        if best.slot is None and judged:
+            self.guard.below()
         if self._measure_plain(best, best_rate, len(context)):
             return Plan(Draft.empty(), None, costs, 0, k)
         if best.length:  # a costly drafter won: now pay for its draft
             best.draft = propose(best.slot.drafter, ctx.with_k(best.length))
         return best
+
+    def _costly_option(self, control: Control, i: int, context: list[int], k: int,
+                       costs: CostModel) -> tuple[Plan, float]:
+        """(option, rate) of slot i's costly drafter: priced, not yet asked."""
+        slot, policy = self.slots[i], control.policy(i)
+        policy.costs = costs
+        length, rate = self._price_costly(slot, policy, context, k, costs)
+        return Plan(Draft.empty(), slot, costs, length, k, policy), rate
+
+    def _free_option(self, control: Control, i: int, ctx: DraftContext, costs: CostModel,
+                     propose: ProposeFn) -> tuple[Plan, float, int]:
+        """(option, rate, drafted) of slot i's free drafter: its draft (of `drafted`
+        tokens), judged in hindsight and cut to the length that pays."""
+        context, slot = ctx.tokens, self.slots[i]
+        for policy in control.policies(i):
+            policy.resolve(context)
+        pooled = control.policy(i)
+        draft = propose(slot.drafter, ctx)
+        policy = control.policy(i, draft.kind)
+        policy.costs = costs
+        for watcher in [pooled] if policy is pooled else [pooled, policy]:
+            watcher.watch(len(context), draft.tokens.tolist())
+        length, rate = self._price_free(policy, draft, costs, len(context))
+        return Plan(draft.truncate(length), slot, costs, 0, ctx.k, policy), rate, len(draft)
 
     def _price_free(self, policy: LengthPolicy, draft: Draft, costs: CostModel,
                     context_len: int) -> tuple[int, float]:
@@ -407,6 +442,8 @@ class Controller:
         if self.costs is not None:
             self.costs.observe_pass(len(plan.draft) + 1, verify_seconds, context_len)
         slot = plan.slot
+        if slot is not None and len(plan.draft):
+            self._judge(plan, accepted, draft_seconds + verify_seconds, context_len)
         if slot is None or not slot.costly or not len(plan.draft):
             return
         plan.policy.observe(len(plan.draft), accepted)
@@ -424,6 +461,14 @@ class Controller:
                 slot.pause()
             else:
                 slot.failures = 0
+
+    def _judge(self, plan: Plan, accepted: int, seconds: float, context_len: int) -> None:
+        """The collapse guard's evidence from a verified draft: it paid when it emitted at
+        least its cost in plain steps (a free draft: its verification alone)."""
+        if accepted + 1 >= self._step_cost(plan, seconds, context_len):
+            self.guard.paid()
+        else:
+            self.guard.below()
 
     def _step_cost(self, plan: Plan, seconds: float, context_len: int) -> float:
         """A step's cost in plain steps: observed, or predicted when not learning."""

@@ -14,10 +14,16 @@ so even the first new token comes from a (possibly speculative) step.
 Stops are checked on every emitted token, in order, even inside an accepted
 draft: stop token ids (EOS unless ignored) -> stop hook (stop strings) ->
 max_tokens -> context limit. The stop token itself is part of the output.
+
+A drafter that raises (in begin, propose, observe or finish) is switched off
+for the rest of that request: the error is logged once, the step goes on with
+an empty draft (plain) or the other drafters, so the output is what plain
+decoding gives; the next request asks it again.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import weakref
@@ -33,6 +39,8 @@ from specdecode.sampling import SamplingParams, request_key
 from specdecode.speclen import LengthPolicy
 from specdecode.stats import SpecStats
 from specdecode.verify import Verifier, VerifierFactory, VerifyResult, make_verifier
+
+log = logging.getLogger(__name__)
 
 StopHook = Callable[[list[int]], bool]
 """Called with all output token ids after each emitted token; True stops there
@@ -75,6 +83,11 @@ class Request:
     finish_reason: str | None = None
     finished: bool = False  # the drafters' and controller's finish hooks have run
     token: _Holder = field(default_factory=lambda: _Holder())  # marks the target's cache
+    failed: set[int] = field(default_factory=set)  # id() of drafters that raised
+
+    def usable(self, drafter: Drafter | None) -> bool:
+        """Whether `drafter` may still be asked in this request."""
+        return drafter is not None and id(drafter) not in self.failed
 
     def draft_context(self, k: int) -> DraftContext:
         return DraftContext(self.context, k, self.params, self.generator, len(self.prompt),
@@ -205,7 +218,7 @@ class SpeculativeDecoder:
                           list(prompt), started=started)
         request.stats.cached_tokens = self._prefill(request)
         for drafter in self.drafters:
-            drafter.begin(prompt, params, generator)
+            self._call(request, drafter, "begin", prompt, params, generator)
         request.stats.prefill_time = time.perf_counter() - started
         return request
 
@@ -333,9 +346,28 @@ class SpeculativeDecoder:
         if request.control is not None:
             request.control.finish()
         for drafter in self.drafters:
-            finish = getattr(drafter, "finish", None)
-            if finish is not None:
-                finish(list(request.output))
+            if getattr(drafter, "finish", None) is not None:
+                self._call(request, drafter, "finish", list(request.output))
+
+    def _call(self, request: Request, drafter: Drafter, method: str, *args):
+        """drafter.method(*args), unless the drafter raised before in this request (then
+        None). An exception switches it off for the rest of the request (the
+        controller leaves its slot out), is logged once and counted in the stats."""
+        if not request.usable(drafter):
+            return None
+        try:
+            return getattr(drafter, method)(*args)
+        except Exception:
+            request.failed.add(id(drafter))
+            request.stats.drafter_errors += 1
+            if request.control is not None:
+                request.control.failed |= {i for i, slot in enumerate(request.control.slots)
+                                           if slot.drafter is drafter}
+            log.warning("drafter %s raised in %s; it is off for the rest of this request "
+                        "(decoding goes on without it, the output is unchanged)",
+                        getattr(drafter, "name", type(drafter).__name__), method,
+                        exc_info=True)
+            return None
 
     def _observe(self, request: Request, plan: Plan, result: VerifyResult,
                  draft_seconds: float, verify_seconds: float) -> None:
@@ -343,10 +375,14 @@ class SpeculativeDecoder:
         drafter = plan.slot.drafter if plan.slot else (
             None if request.control is not None else self.drafter)
         if drafter is not None:
-            drafter.observe(result.num_accepted)
-        if request.controller is not None:
-            request.controller.observe(plan, result.num_accepted, draft_seconds,
-                                       verify_seconds, len(request.context))
+            self._call(request, drafter, "observe", result.num_accepted)
+        controller = request.controller
+        if controller is not None:
+            engaged = controller.guard.engagements
+            controller.observe(plan, result.num_accepted, draft_seconds, verify_seconds,
+                               len(request.context))
+            request.stats.guard_engagements += controller.guard.engagements - engaged
+            request.stats.speculation_paused = controller.guard.engaged
 
     @staticmethod
     def _record(stats: SpecStats, plan: Plan, result: VerifyResult, new: list[int]) -> None:
@@ -356,6 +392,7 @@ class SpeculativeDecoder:
         cut = len(new) < len(result.tokens)
         tried = accepted if cut else min(len(draft), result.num_accepted + 1)
         name = getattr(plan.slot.drafter if plan.slot else None, "name", None)
+        stats.guard_plain_steps += plan.guarded
         stats.record_step(len(draft), accepted, len(new), tried, name if len(draft) else None)
 
     def _emit(self, request: Request, tokens: tuple[int, ...]) -> tuple[list[int], str | None]:
@@ -393,16 +430,23 @@ class SpeculativeDecoder:
         ctx = request.draft_context(k)
         stops = request.stops
         if request.controller is None:
-            return Plan(self._propose(self.drafter, ctx, stops))
-        return request.controller.plan(request.control, ctx,
-                                       lambda d, c: self._propose(d, c, stops))
+            return Plan(self._propose(request, self.drafter, ctx, stops))
+        guard, engaged = request.controller.guard, request.controller.guard.engagements
+        plan = request.controller.plan(request.control, ctx,
+                                       lambda d, c: self._propose(request, d, c, stops))
+        request.stats.guard_engagements += guard.engagements - engaged
+        return plan
 
-    @staticmethod
-    def _propose(drafter: Drafter | None, ctx: DraftContext, stops: set[int]) -> Draft:
-        """Ask the drafter for up to ctx.k tokens; cut the draft after its first stop."""
-        if drafter is None or ctx.k <= 0:
+    def _propose(self, request: Request, drafter: Drafter | None, ctx: DraftContext,
+                 stops: set[int]) -> Draft:
+        """Ask the drafter for up to ctx.k tokens; cut the draft after its first stop.
+        A drafter that raises (or raised before in this request) drafts nothing."""
+        if not request.usable(drafter) or ctx.k <= 0:
             return Draft.empty()
-        draft = drafter.propose(ctx).truncate(ctx.k)
+        draft = self._call(request, drafter, "propose", ctx)
+        if draft is None:
+            return Draft.empty()
+        draft = draft.truncate(ctx.k)
         if not draft.is_chain:
             raise NotImplementedError("tree drafts are not verified yet: propose a chain")
         for i, token in enumerate(draft.tokens.tolist()):

@@ -10,16 +10,17 @@ model's config plus one look at the memory this process may still use
   GGUF `context_length`);
 - a step feeds the pending token plus k draft tokens after at least one prompt
   token, so k <= context - 2;
-- weights + KV cache (+ RoPE tables) must fit in the memory available.
+- weights + KV caches + activations must fit in the memory available
+  (memory.py adds up the parts of a whole load from the arithmetic here).
 
-`check_load` runs all three for `LLM.load` before any weights are read; the
-model classes call `check_context` / `check_memory` where they allocate.
+`check_load` runs the first two for `LLM.load` before any weights are read,
+memory.py's plan the third; the model classes call `check_context` /
+`check_memory` where they allocate.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -113,7 +114,7 @@ def _cgroup_headroom() -> int | None:
 def check_memory(need: int, what: str, device: str = "cpu") -> None:
     """ValueError if `need` bytes (described by `what`) exceed the memory left on device."""
     if str(device).startswith("cuda"):
-        avail = _cuda_free(device)
+        avail = cuda_free(device)
     elif str(device) == "meta":
         return
     else:
@@ -124,7 +125,7 @@ def check_memory(need: int, what: str, device: str = "cpu") -> None:
                           "<max_seq_len>")
 
 
-def _cuda_free(device: str) -> int | None:
+def cuda_free(device: str) -> int | None:
     import torch
 
     with contextlib.suppress(Exception):
@@ -144,9 +145,10 @@ def model_config(path: Path) -> ModelConfig | None:
 
 def check_load(target: str, *, k: int | None, max_seq_len: int | None, dtype: str,
                device: str, backend: str | None) -> None:
-    """Every size check for `LLM.load`, before any weights are read: the context
-    against the target's trained context, k against the context, and the target's
-    weights + KV cache against the memory available. Raises ValueError."""
+    """The size checks for `LLM.load` before any weights are read: the context
+    against the target's trained context, k against the context (memory:
+    memory.MemoryPlan.check). dtype, device, backend: accepted for the callers'
+    convenience, unused. Raises ValueError."""
     from specdecode.models import registry
 
     if max_seq_len is not None:
@@ -160,21 +162,3 @@ def check_load(target: str, *, k: int | None, max_seq_len: int | None, dtype: st
     context = (min(cfg.max_position_embeddings, 8192) if max_seq_len is None
                else check_context(max_seq_len, cfg.max_position_embeddings, path.name))
     check_k(k, context)
-    if _backend(backend, path, device) == "llama.cpp":
-        need = path.stat().st_size + kv_cache_bytes(cfg, context, LLAMA_CPP_KV_BYTES)
-    else:  # torch, in the chosen dtype
-        elem = DTYPE_BYTES.get(str(dtype).removeprefix("torch."), 4)
-        need = (weight_bytes(cfg, elem) + kv_cache_bytes(cfg, context, elem)
-                + rope_bytes(cfg, context, elem))
-    check_memory(need, f"{path.name} with a {context}-token context", device)
-
-
-
-def _backend(backend: str | None, path: Path, device: str) -> str:
-    """The backend `LLM.load` will pick for this target ("torch" when unsure)."""
-    from specdecode.llm import choose_backend
-
-    backend = backend or os.environ.get("SPECDECODE_BACKEND") or "auto"
-    with contextlib.suppress(ValueError):
-        return choose_backend(backend, path, device)
-    return "torch"

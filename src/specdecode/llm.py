@@ -71,6 +71,7 @@ class LoadInfo:
     costs: dict | None = None  # c(b) in plain steps, c_draft, where they came from
     seconds: dict[str, float] = field(default_factory=dict)
     from_cache: dict[str, bool] = field(default_factory=dict)
+    memory: dict | None = None  # the memory plan checked before loading (memory.py)
 
 
 class LLM:
@@ -149,14 +150,19 @@ class LLM:
 
     @classmethod
     def from_spec(cls, spec: LoadSpec, facts: Facts | None = None) -> LLM:
-        """Check the sizes (limits.py), resolve the plan (plan.py), load its models and
-        build it."""
+        """Check the sizes (limits.py), resolve the plan (plan.py), refuse it if its
+        memory plan does not fit (memory.py), load its models and build it."""
         from specdecode import limits
+        from specdecode.memory import plan_memory
 
         limits.check_load(spec.target, k=spec.k, max_seq_len=spec.max_seq_len,
                           dtype=spec.dtype, device=spec.device, backend=spec.backend)
         plan = resolve(spec, facts or Facts.here())
-        return cls.build(plan, load_plan(plan))
+        memory = plan_memory(plan)
+        memory.check()
+        llm = cls.build(plan, load_plan(plan))
+        llm.info.memory = memory.to_dict()
+        return llm
 
     @classmethod
     def build(cls, plan: Plan, models: LoadedModels) -> LLM:

@@ -23,6 +23,14 @@ def _run_dict(result) -> dict:
     }
 
 
+def _memory(llm) -> dict | None:
+    """The memory plan checked before loading (memory.py) and the peak RSS so far."""
+    from specdecode.memory import peak_resident_bytes
+
+    plan = getattr(llm.info, "memory", None)
+    return None if plan is None else {**plan, "peak_rss_bytes": peak_resident_bytes()}
+
+
 def result_dict(llm, result, plain=None) -> dict:
     out = {
         "target": llm.info.target,
@@ -33,6 +41,7 @@ def result_dict(llm, result, plain=None) -> dict:
         "choice": llm.info.choice,
         "costs": llm.info.costs,
         "load_seconds": llm.info.seconds,
+        "memory": _memory(llm),
         **_run_dict(result),
     }
     if plain is not None:

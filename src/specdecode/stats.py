@@ -9,6 +9,11 @@
 - position_acceptance[i] = P(draft token i accepted | tokens < i accepted).
 - cached_tokens: prompt tokens whose keys/values the target's cache already held
   (an earlier request's prefix, reused instead of prefilled).
+- guard_plain_steps: steps made plain by the acceptance-collapse guard
+  (collapse.py); guard_engagements: times it engaged during the run;
+  speculation_paused: it was engaged at the run's last step (speculation off).
+- drafter_errors: drafters that raised and were switched off for the rest of
+  their request (engine.py); the request went on without them.
 - times: prefill, draft, verify (target pass + verification), other
   (stop checks and bookkeeping); wall time of the whole call.
 """
@@ -30,6 +35,10 @@ class SpecStats:
     drafted_per_step: list[int] = field(default_factory=list)
     drafter_steps: dict[str, int] = field(default_factory=dict)  # steps that verified its draft
     cached_tokens: int = 0
+    guard_plain_steps: int = 0
+    guard_engagements: int = 0
+    speculation_paused: bool = False
+    drafter_errors: int = 0
     prefill_time: float = 0.0
     draft_time: float = 0.0
     verify_time: float = 0.0
@@ -88,9 +97,11 @@ class SpecStats:
         """Sum of two runs (for per-workload totals)."""
         out = SpecStats()
         for name in ("steps", "drafted", "accepted", "emitted", "cached_tokens",
+                     "guard_plain_steps", "guard_engagements", "drafter_errors",
                      "prefill_time", "draft_time",
                      "verify_time", "other_time", "wall_time"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
+        out.speculation_paused = other.speculation_paused  # the later run's state
         out.accepted_per_step = self.accepted_per_step + other.accepted_per_step
         out.drafted_per_step = self.drafted_per_step + other.drafted_per_step
         out.drafter_steps = {name: self.drafter_steps.get(name, 0) + other.drafter_steps.get(
@@ -115,6 +126,10 @@ class SpecStats:
             "position_acceptance": self.position_acceptance,
             "drafter_steps": dict(self.drafter_steps),
             "cached_tokens": self.cached_tokens,
+            "guard_plain_steps": self.guard_plain_steps,
+            "guard_engagements": self.guard_engagements,
+            "speculation_paused": self.speculation_paused,
+            "drafter_errors": self.drafter_errors,
             "prefill_time": self.prefill_time,
             "draft_time": self.draft_time,
             "verify_time": self.verify_time,

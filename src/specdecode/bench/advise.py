@@ -58,7 +58,7 @@ def _bench_options(o: AdviseOptions) -> BenchOptions:
 def advise(options: AdviseOptions, models=None) -> dict:
     """Measure and recommend; returns the JSON-ready advice (see `print_advice`)."""
     bench_options = _bench_options(options)
-    models = models or load_models(bench_options)
+    models = models or load_models(bench_options)  # refuses a memory plan that cannot fit
     plain = models.plain
     tok = plain.tokenizer
     spec_labels = [label for label in models.llms if label != "specdecode plain"]
@@ -93,19 +93,23 @@ def advise(options: AdviseOptions, models=None) -> dict:
                                                    c_verify)
                          for k in range(1, llm.k + 1)}
             best_k = max(predicted, key=predicted.get)
+            verify = c_verify.get(best_k + 1, max(c_verify.values()))
             candidates.append({"drafter": method, "measured_k": llm.k,
                                "acceptance_rate": stats.acceptance_rate,
                                "mean_accepted_length": stats.mean_accepted_length,
                                "position_acceptance": stats.position_acceptance,
                                "c_draft": c_draft, "predicted_speedup": predicted,
-                               "best_k": best_k, "best_speedup": predicted[best_k]})
+                               "best_k": best_k, "best_speedup": predicted[best_k],
+                               "break_even_acceptance": metrics.break_even_acceptance(
+                                   best_k, c_draft, verify)})
         best = max(candidates, key=lambda c: c["best_speedup"], default=None)
         per_workload.append({"workload": workload, "prompts": len(ps), "candidates": candidates,
                              "recommendation": _recommend(best)})
     return {"target": bench_options.target, "draft_model": bench_options.draft_model,
             "temperature": options.temperature, "plain_step_seconds": curve[1],
             "cost_curve_seconds": curve, "c_verify": c_verify,
-            "memory": models.memory, "workloads": per_workload}
+            "memory": models.memory, "memory_plan": models.memory_plan,
+            "workloads": per_workload}
 
 
 def _recommend(best: dict | None) -> dict:
@@ -124,6 +128,19 @@ def _recommend(best: dict | None) -> dict:
                     "(prefill excluded; acceptance "
                     f"{best['acceptance_rate']:.2f}, tau {best['mean_accepted_length']:.2f} "
                     f"at k={best['measured_k']})."}
+
+
+def guard_line(c: dict) -> str:
+    """What the collapse guard (collapse.py) would do with this candidate: its
+    acceptance against the acceptance that breaks even at its best k."""
+    even, a = c["break_even_acceptance"], c["acceptance_rate"]
+    if even is None:
+        return (f"guard: {c['drafter']} cannot break even at any acceptance; the adaptive "
+                "engine keeps speculation off (plain steps, probes now and then)")
+    state = ("below: the adaptive engine switches speculation off (plain steps, probes now "
+             "and then)" if a < even else "above: speculation stays on")
+    return (f"guard: {c['drafter']} breaks even at acceptance {even:.2f} (k={c['best_k']}); "
+            f"measured {a:.2f}, {state}")
 
 
 def print_advice(advice: dict, console=None) -> None:
@@ -152,6 +169,15 @@ def print_advice(advice: dict, console=None) -> None:
                           " ".join(f"{k}:{c['predicted_speedup'][k]:.2f}" for k in shown))
         console.print(table)
         console.print(w["recommendation"]["text"])
+        for c in w["candidates"]:
+            console.print(guard_line(c))
+    if advice.get("memory_plan"):
+        plan = advice["memory_plan"]
+        console.print("memory plan (GiB, before loading): " + ", ".join(
+            f"{k} {v / 2**30:.2f}" for k, v in plan["parts"].items())
+            + f"; total {plan['total'] / 2**30:.2f} of "
+            + ("?" if plan["available"] is None else f"{plan['available'] / 2**30:.2f}")
+            + " available")
     mem = advice["memory"]
     console.print("memory (weights + KV cache): " + ", ".join(
         f"{k} {v / 2**30:.2f} GiB" for k, v in mem.items()) + f"; total "

@@ -136,6 +136,10 @@ def cmd_advise(args, spec: LoadSpec) -> int:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
     names = args.workloads or ["humaneval"]
     _check_workloads(names, args.limit)
+    if not args.json:
+        from specdecode.cli import print_memory_plan
+
+        print_memory_plan(spec)  # before loading
     load = BenchOptions.load_fields(spec)
     del load["draft_confidence"]  # advise drafts without confidence stops
     options = AdviseOptions(

@@ -26,6 +26,20 @@ def theoretical_speedup(alpha: float, k: float, c_draft: float, c_verify: float)
     return expected_tokens_per_step(alpha, k) / (k * c_draft + c_verify)
 
 
+def break_even_acceptance(k: int, c_draft: float, c_verify: float) -> float | None:
+    """The acceptance alpha at which drafting k tokens per step is as fast as plain
+    decoding (theoretical_speedup = 1); below it speculation loses and the engine's
+    collapse guard (collapse.py) turns it off. None: it loses even at alpha = 1."""
+    if theoretical_speedup(1.0, k, c_draft, c_verify) < 1.0:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(40):  # bisection: the speedup grows with alpha
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if theoretical_speedup(mid, k, c_draft, c_verify) < 1.0 else (
+            lo, mid)
+    return hi
+
+
 def expected_tokens_from_positions(position_acceptance: Sequence[float], k: int) -> float:
     """1 + sum_i prod_{j<=i} a_j: tokens per step from per-position acceptance
     (no i.i.d. assumption); positions past the measured ones reuse the last value."""

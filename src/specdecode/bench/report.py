@@ -3,7 +3,9 @@
 JSON schema ("schema": "specdecode.bench/1"):
 - date, machine {cpu, cores, threads, torch, python, dtype, device, backend},
   options (the BenchOptions used), configs (labels in run order),
-  memory {target, draft, hf_target, hf_draft, peak_rss} in bytes (torch models:
+  memory {target, draft, hf_target, hf_draft, peak_rss, predicted_peak_rss} in
+  bytes (peak_rss: VmHWM of this process; predicted: memory.py's plan, whose
+  parts are in memory_plan; torch models:
   weights + buffers + the static KV cache), notes (peers skipped and why);
 - summary: one object per (workload, temperature, config), fields in
   specdecode.bench.summary's docstring;
@@ -47,6 +49,7 @@ COLUMNS = [
     ("acceptance", lambda e: _f(e.get("acceptance_rate"))),
     ("tau", lambda e: _f(e.get("mean_accepted_length"))),
     ("identical", _exact),
+    ("spec off (guard)", lambda e: _f(e.get("guard_plain_fraction"), ".0%")),
 ]
 
 COST_COLUMNS = [
@@ -78,7 +81,7 @@ TURN_COLUMNS = [
 
 
 TERMINAL = ("workload", "T", "configuration", "tok/s (median)", "speedup", "vs HF plain",
-            "acceptance", "tau", "identical")
+            "acceptance", "tau", "identical", "spec off (guard)")
 
 
 def print_table(result: dict, console: Console | None = None) -> None:
@@ -91,8 +94,21 @@ def print_table(result: dict, console: Console | None = None) -> None:
     for e in result["summary"]:
         table.add_row(*(get(e) for _, get in columns))
     console.print(table)
+    console.print(memory_line(result))
     for note in result["notes"]:
         console.print(f"note: {note}")
+
+
+def memory_line(result: dict) -> str:
+    """Measured peak RSS against the memory plan's prediction (memory.py)."""
+    mem, plan = result["memory"], result.get("memory_plan")
+    line = f"peak RSS {mem['peak_rss'] / 2**30:.2f} GiB measured"
+    if not plan:
+        return line
+    parts = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in plan["parts"].items())
+    ratio = plan["predicted_peak_rss"] / mem["peak_rss"] if mem["peak_rss"] else 0.0
+    return (f"{line}; predicted {plan['predicted_peak_rss'] / 2**30:.2f} GiB "
+            f"({ratio:.2f}x the measured; plan in GiB: {parts})")
 
 
 def _md_table(columns, entries) -> list[str]:
@@ -144,6 +160,7 @@ def markdown(result: dict, command: str | None = None, plots: list[str] = ()) ->
         lines += _md_table(TURN_COLUMNS, result["turns"])
     mem = result["memory"]
     lines += ["", "## Memory", ""] + [f"- {k}: {v / 2**30:.2f} GiB" for k, v in mem.items()]
+    lines += ["", memory_line(result)]
     if result["notes"]:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]
     if plots:

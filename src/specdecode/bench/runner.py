@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import platform
-import resource
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -23,6 +22,7 @@ from specdecode.bench import hf_peer, workloads
 from specdecode.bench.load import busy_load
 from specdecode.bench.summary import margin_at_divergence, summarise, summarise_turns
 from specdecode.llm import LLM, LoadedModels, load_plan
+from specdecode.memory import memory_plan, peak_resident_bytes, plan_memory
 from specdecode.options import LoadSpec
 from specdecode.plan import Facts, Plan, draft_model, resolve
 from specdecode.sampling import SamplingParams
@@ -108,6 +108,7 @@ class Models:
     target_path: Path | None = None
     draft_path: Path | None = None
     memory: dict[str, int] = field(default_factory=dict)
+    memory_plan: dict | None = None  # predicted before loading (memory.py)
 
     @property
     def plain(self) -> LLM:
@@ -159,15 +160,19 @@ def load_models(options: BenchOptions) -> Models:
     has_draft = "draft-model" in options.drafters and options.draft_model is not None
     plans = {c.label: resolve(c.spec(base), facts)
              for c in specdecode_configs(options, has_draft) if c.method != "auto"}
-    loaded = load_plan(max(plans.values(), key=lambda p: p.draft is not None))
+    biggest = max(plans.values(), key=lambda p: p.draft is not None)
+    predicted = plan_memory(biggest)
+    predicted.check()
+    loaded = load_plan(biggest)
     memory = {"target": model_bytes(loaded.target.model, loaded.files[0])}
     if loaded.draft is not None:
         memory["draft"] = model_bytes(loaded.draft.model, loaded.files[1])
     llms = build_llms(plans, loaded)
-    if "auto" in options.drafters:
-        llms[Config("specdecode", "auto").label] = LLM.from_spec(
-            Config("specdecode", "auto").spec(base), facts)
-    return Models(llms, loaded.files[0], loaded.files[1], memory)
+    if "auto" in options.drafters:  # a load of its own: both are held at once
+        auto = Config("specdecode", "auto").spec(base)
+        predicted = predicted.plus(memory_plan(auto, facts), "auto")
+        llms[Config("specdecode", "auto").label] = LLM.from_spec(auto, facts)
+    return Models(llms, loaded.files[0], loaded.files[1], memory, predicted.to_dict())
 
 
 def model_bytes(model, path: Path) -> int:
@@ -280,11 +285,14 @@ class Bench:
             with busy_load(o.background_load):  # after the warm-up, for every run alike
                 rows = self._timed_runs(prompts, bar, task, progress)
         self._margins(rows)
-        self.models.memory["peak_rss"] = resource.getrusage(
-            resource.RUSAGE_SELF).ru_maxrss * 1024
+        self.models.memory["peak_rss"] = peak_resident_bytes()
+        plan = self.models.memory_plan
+        if plan is not None:
+            self.models.memory["predicted_peak_rss"] = plan["predicted_peak_rss"]
         return {"schema": SCHEMA, "date": time.strftime("%Y-%m-%d %H:%M"),
                 "machine": machine(o), "options": asdict(o),
                 "configs": [c.label for c in self.configs], "memory": self.models.memory,
+                "memory_plan": self.models.memory_plan,
                 "notes": self.notes, "summary": summarise(rows, self.configs),
                 "turns": summarise_turns(rows),
                 "runs": rows}

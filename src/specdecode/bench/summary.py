@@ -52,6 +52,7 @@ def _merged(rows: list[dict]) -> dict:
     keys = ("steps", "drafted", "accepted", "emitted", "prefill_time", "draft_time",
             "verify_time", "other_time", "wall_time")
     out = {key: sum(r["stats"][key] for r in rows) for key in keys}
+    out["guard_plain_steps"] = sum(r["stats"].get("guard_plain_steps", 0) for r in rows)
     n = max(len(r["stats"]["position_tried"]) for r in rows)
     tried, accepted = [0] * n, [0] * n
     for r in rows:
@@ -107,6 +108,7 @@ def _spec_metrics(m: dict, plain: dict | None) -> dict:
         "mean_accepted_length": emitted / steps if steps else None,
         "position_acceptance": m["position_acceptance"],
         "k_eff": drafted / steps if steps else 0.0,
+        "guard_plain_fraction": m["guard_plain_steps"] / steps if steps else 0.0,
         "time_split": {"prefill": m["prefill_time"], "draft": m["draft_time"],
                        "verify": m["verify_time"], "other": m["other_time"]},
         "decode_tokens_per_second": emitted / decode if decode else None,

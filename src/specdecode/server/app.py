@@ -51,6 +51,7 @@ def create_app(
     """
     metrics = Metrics()
     metrics.watch_suffix_store(getattr(getattr(llm, "decoder", None), "drafters", ()))
+    metrics.watch_guard(getattr(getattr(llm, "decoder", None), "controller", None))
     worker = Worker(llm, max_queue=max_queue, metrics=metrics)
     ctx = ServerContext(llm, worker, metrics, model_name or default_model_name(llm))
 

@@ -145,6 +145,10 @@ def speculative_usage(stats: SpecStats | None, ctx: ServerContext) -> dict:
         "mean_accepted_length": round(stats.mean_accepted_length, 4),
         "tokens_per_second": round(stats.tokens_per_second, 2),
         "drafter_steps": dict(stats.drafter_steps),
+        "guard_plain_steps": stats.guard_plain_steps,
+        "guard_engagements": stats.guard_engagements,
+        "speculation_paused": stats.speculation_paused,
+        "drafter_errors": stats.drafter_errors,
     }
 
 

@@ -1,9 +1,11 @@
 """Prometheus metrics for the server (one registry per app, served at GET /metrics).
 
 Counters: HTTP requests by route and status, prompt / completion / drafted /
-accepted tokens, generations by outcome. Histograms: acceptance rate and time
-per output token per generation. Gauges: requests waiting for the engine and
-requests in flight (waiting + generating).
+accepted tokens, generations by outcome, the acceptance-collapse guard's
+engagements and plain steps (collapse.py), drafters switched off after an
+error. Histograms: acceptance rate and time per output token per generation.
+Gauges: requests waiting for the engine, requests in flight (waiting +
+generating), whether the guard has speculation off now.
 """
 
 from __future__ import annotations
@@ -45,6 +47,18 @@ class Metrics:
         self.drafted = Counter("specdecode_drafted_tokens", "Draft tokens proposed", registry=r)
         self.accepted = Counter("specdecode_accepted_tokens", "Draft tokens accepted",
                                 registry=r)
+        self.guard_engagements = Counter(
+            "specdecode_guard_engagements",
+            "Times the acceptance-collapse guard switched speculation off", registry=r)
+        self.guard_plain_steps = Counter(
+            "specdecode_guard_plain_steps",
+            "Steps decoded plain because the acceptance-collapse guard was engaged", registry=r)
+        self.drafter_errors = Counter(
+            "specdecode_drafter_errors",
+            "Drafters that raised and were switched off for the rest of a request", registry=r)
+        self.speculation_paused = Gauge(
+            "specdecode_speculation_paused",
+            "1 while the acceptance-collapse guard has speculation off, else 0", registry=r)
         self.acceptance = Histogram("specdecode_acceptance_rate",
                                     "Acceptance rate per generation (generations with drafts)",
                                     buckets=[i / 10 for i in range(1, 11)], registry=r)
@@ -73,6 +87,11 @@ class Metrics:
         self.suffix_store_tokens.set_function(lambda: store.tokens if store else 0)
         self.suffix_store_bytes.set_function(lambda: store.stats()["bytes"] if store else 0)
 
+    def watch_guard(self, controller) -> None:
+        """The gauge reads the controller's guard (0 without a controller)."""
+        guard = getattr(controller, "guard", None)
+        self.speculation_paused.set_function(lambda: float(bool(guard and guard.engaged)))
+
     def observe_request(self, path: str, status: int) -> None:
         route = path.rstrip("/") or "/"
         self.requests.labels(route if route in ROUTES else "other", str(status)).inc()
@@ -88,6 +107,9 @@ class Metrics:
         if stats.cached_tokens:
             self.prefix_hits.inc()
         self.drafted.inc(stats.drafted)
+        self.guard_engagements.inc(stats.guard_engagements)
+        self.guard_plain_steps.inc(stats.guard_plain_steps)
+        self.drafter_errors.inc(stats.drafter_errors)
         self.accepted.inc(stats.accepted)
         if stats.drafted:
             self.acceptance.observe(stats.acceptance_rate)
