@@ -9,7 +9,7 @@ adds up, from model metadata and file sizes only (limits.py's arithmetic):
   its f16 cache type);
 - the draft model's weights (torch int8: linears at one byte plus the bf16
   embedding; llama.cpp: its GGUF) and KV cache at the same context, or a
-  hidden-state head's files;
+  trained head's files (hidden-head, eagle3);
 - activations: torch, one verification pass of k + 1 tokens (logits, layer
   temporaries, attention scores over the whole context); llama.cpp, the compute
   buffer it reserves per model for a batch of n_batch tokens (logits of the
@@ -133,7 +133,7 @@ def plan_memory(plan) -> MemoryPlan:
         cfg = limits.model_config(plan.draft.path)
         parts += _model_parts("draft", plan.draft.path, plan.draft.backend, cfg, spec, context,
                               int8=plan.draft_quant == "int8")
-    if "hidden-head" in plan.drafters and spec.head is not None:
+    if {"hidden-head", "eagle3"} & set(plan.drafters) and spec.head is not None:
         parts.append(Part("head weights", _files_bytes(Path(spec.head)), "draft weights"))
     parts.append(_activations(plan.target.backend, target_cfg, spec, context, plan.k,
                               drafted=plan.draft is not None))
