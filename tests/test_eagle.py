@@ -350,3 +350,23 @@ def test_export_command(tmp_path):
     (tmp_path / "hh" / "config.json").write_text('{"format": "specdecode-hidden-head-v1"}')
     assert_clean_error(run("export", "--head", str(tmp_path / "hh"), "--out",
                            str(tmp_path / "z")), "not a specdecode-eagle3-v1 head")
+
+
+def test_a_gap_longer_than_the_rows_kept_restarts_the_cache():
+    """With fewer rows kept than the plain steps between proposals, the cache
+    restarts from the rows it has (base > 0) and output stays plain's."""
+    target = tiny(14)
+
+    class Rarely(Checked):
+        context_rows, calls = 2, 0
+
+        def propose(self, ctx):
+            self.calls += 1
+            return super().propose(ctx) if self.calls % 4 == 1 else _empty()
+
+    drafter = Rarely(eagle_for(target), target)
+    prompt = [9, 8, 7, 6, 5]
+    out = SpeculativeDecoder(target, drafter, 2, prefix_cache=False).generate(
+        prompt, SamplingParams(max_tokens=30, ignore_eos=True))
+    assert out.token_ids == plain_greedy(target, prompt, 30)
+    assert drafter.checks >= 3 and drafter.cache.base > 0

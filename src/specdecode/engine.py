@@ -253,8 +253,8 @@ class SpeculativeDecoder:
             out = (self.target.forward(ids, last_n=1, **kwargs) if start
                    else self.target.prefill(ids, **kwargs))
             if first_state:
-                request.target_out = TargetOutput(out.logits[-1:], {
-                    i: h[-max(1, rows):] for i, h in out.hidden_states.items()})
+                request.target_out = TargetOutput(out.logits[-1:], {  # all rows if asked
+                    i: h if rows else h[-1:] for i, h in out.hidden_states.items()})
         _CACHE_HOLDER[self.target] = request.token
         return start
 

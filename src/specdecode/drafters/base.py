@@ -76,9 +76,10 @@ class TargetOutput:
         scored the token that was emitted as recovered/bonus).
     hidden: layer -> [n, hidden_size] for the layers the drafters asked for
         (`BaseDrafter.hidden_layers`), the same rows; where a drafter asks for
-        `context_rows` > 0, the rows reach further back instead: the last m <=
-        context_rows positions before the pending token, in order, across passes
-        (and the prefill), the last row being the same as the logits' last row.
+        `context_rows` > 0, the rows reach further back instead, in order, up to the
+        position before the pending token (the logits' last row): after a prefill,
+        every position it ran; after a pass, the last context_rows positions
+        across passes (steps no drafter was asked in included).
     """
 
     logits: torch.Tensor
@@ -144,8 +145,9 @@ class BaseDrafter:
         costs are measured and memory is counted, instead of probing attributes.
     hidden_layers: target layers whose hidden states this drafter reads from
         `DraftContext.target.hidden` (models.base: layer numbering).
-    context_rows: how many past positions' states it reads (TargetOutput.hidden;
-        0: the last pass's accepted positions only).
+    context_rows: how many past positions' states it reads after a pass
+        (TargetOutput.hidden: kept across passes it was not asked in; 0: the last
+        pass's accepted positions only). Each pass copies that many rows.
     """
 
     name = "drafter"

@@ -282,7 +282,9 @@ class Eagle3Drafter(BaseDrafter):
     the target ids) and return q for the verifier's rejection sampling."""
 
     name = "eagle3"
-    context_rows = 4096  # target states kept back for a cache that fell behind
+    # Target states kept across passes it was not asked in (a gap longer than that,
+    # e.g. a long run of plain steps, restarts the cache from the rows it has).
+    context_rows = 64
 
     def __init__(self, head: Eagle3Head) -> None:
         self.head = head.eval()
