@@ -537,9 +537,10 @@ def cmd_train(args) -> int:
 
 
 def cmd_export(args) -> int:
+    from specdecode.drafters.eagle import read_head
     from specdecode.train import speculators
 
-    cfg, state = speculators.saved_head(args.head)
+    cfg, state = read_head(args.head)
     hub = speculators.HUB_NAMES.get(args.target)
     if args.verifier is None and hub is None:
         raise UserError(f"--target {args.target} is not a registry model: give --verifier "

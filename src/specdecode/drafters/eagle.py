@@ -26,7 +26,6 @@ Parameter names are those of the vLLM `speculators` Eagle-3 checkpoint
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdecode.drafters import head_files
 from specdecode.drafters.base import BaseDrafter, Draft, DraftContext
 from specdecode.drafters.hidden_head import draft_probs
 from specdecode.models.transformer import RMSNorm, apply_rope, rope_angles
@@ -182,28 +182,23 @@ class Eagle3Head(nn.Module):
 
     def save(self, folder: str | Path) -> Path:
         """config.json + model.safetensors (the embedding table is not saved)."""
-        from safetensors.torch import save_file
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
-        save_file(state, str(folder / "model.safetensors"), metadata={"format": FORMAT})
-        (folder / "config.json").write_text(json.dumps(
-            {"format": FORMAT, **asdict(self.config)}, indent=1))
-        return folder
+        return head_files.write(folder, FORMAT, asdict(self.config), self.state_dict())
 
     @classmethod
     def load(cls, folder: str | Path, embed: torch.Tensor,  # embed: [V, H]
              dtype: torch.dtype = torch.float32) -> Eagle3Head:
-        """A head saved by `save` (or imported from speculators), on the target's table."""
-        from safetensors.torch import load_file
-        folder = Path(folder)
-        raw = json.loads((folder / "config.json").read_text())
-        if raw.pop("format", None) != FORMAT:
-            raise ValueError(f"{folder} is not a {FORMAT} head (config.json's format)")
-        raw["aux_layers"] = tuple(raw["aux_layers"])
-        head = cls(Eagle3Config(**raw), embed)
-        head.load_state_dict(load_file(str(folder / "model.safetensors")), strict=True)
+        """A head saved by `save`, on the target's embedding table."""
+        cfg, state = read_head(folder)
+        head = cls(cfg, embed)
+        head.load_state_dict(state, strict=True)
         return head.to(dtype).eval()
+
+
+def read_head(folder: str | Path) -> tuple[Eagle3Config, dict[str, torch.Tensor]]:
+    """(config, weights) of a head saved by Eagle3Head.save, without the target."""
+    raw, state = head_files.read(folder, FORMAT)
+    raw["aux_layers"] = tuple(raw["aux_layers"])
+    return Eagle3Config(**raw), state
 
 
 class Eagle3Cache:

@@ -21,13 +21,13 @@ d2t/t2d, here as absolute ids). Training: specdecode.train.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from specdecode.drafters import head_files
 from specdecode.drafters.base import BaseDrafter, Draft, DraftContext
 from specdecode.models.base import FINAL_LAYER
 from specdecode.models.transformer import RMSNorm
@@ -98,27 +98,16 @@ class HiddenStateHead(nn.Module):
 
     def save(self, folder: str | Path) -> Path:
         """config.json + model.safetensors (the embedding table is not saved)."""
-        from safetensors.torch import save_file
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()
-                 if k != "embed"}
-        save_file(state, str(folder / "model.safetensors"), metadata={"format": FORMAT})
-        (folder / "config.json").write_text(json.dumps(
-            {"format": FORMAT, **asdict(self.config)}, indent=1))
-        return folder
+        state = {k: v for k, v in self.state_dict().items() if k != "embed"}
+        return head_files.write(folder, FORMAT, asdict(self.config), state)
 
     @classmethod
     def load(cls, folder: str | Path, embed: torch.Tensor,  # embed: [V, H]
              dtype: torch.dtype = torch.float32) -> HiddenStateHead:
         """A head saved by `save`, on the target's embedding table."""
-        from safetensors.torch import load_file
-        folder = Path(folder)
-        raw = json.loads((folder / "config.json").read_text())
-        if raw.pop("format", None) != FORMAT:
-            raise ValueError(f"{folder} is not a {FORMAT} head (config.json's format)")
+        raw, state = head_files.read(folder, FORMAT)
         head = cls(HeadConfig(**raw), embed)
-        head.load_state_dict(load_file(str(folder / "model.safetensors")), strict=True)
+        head.load_state_dict(state, strict=True)
         return head.to(dtype).eval()
 
 

@@ -76,17 +76,6 @@ def export(folder: str | Path, cfg: Eagle3Config,
     return folder
 
 
-def saved_head(folder: str | Path) -> tuple[Eagle3Config, dict[str, torch.Tensor]]:
-    """(config, weights) of a head saved by Eagle3Head.save, without the target."""
-    from safetensors.torch import load_file
-    raw = json.loads((Path(folder) / "config.json").read_text())
-    if raw.pop("format", None) != FORMAT:
-        raise ValueError(f"{folder} is not a {FORMAT} head (trained with "
-                         "`specdecode train --drafter eagle3`)")
-    raw["aux_layers"] = tuple(raw["aux_layers"])
-    return Eagle3Config(**raw), load_file(str(Path(folder) / WEIGHTS))
-
-
 def expected_shapes(cfg: Eagle3Config) -> dict[str, tuple[int, ...]]:
     """Every tensor vLLM's Eagle-3 loader reads from the file, with its shape."""
     h, d, i = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
