@@ -174,8 +174,8 @@ class Eagle3Head(nn.Module):
 
     def init_from_target(self, lm_head: torch.Tensor,  # [V, H]
                          draft_ids: torch.Tensor) -> None:  # [Vd] int64
-        """lm_head from the target's rows of the draft vocabulary, fc reading the last
-        aux layer: an untrained head starts near the target's own next-token guess."""
+        """lm_head from the target's rows of the draft vocabulary (the other weights
+        keep their random start)."""
         with torch.no_grad():
             self.draft_ids.copy_(draft_ids)
             self.lm_head.weight.copy_(lm_head[draft_ids].to(self.lm_head.weight.dtype))

@@ -24,13 +24,13 @@ from pathlib import Path
 import torch
 
 from specdecode.drafters.eagle import FORMAT, Eagle3Config, Eagle3Head
+from specdecode.drafters.head_files import WEIGHTS
 
 # Registry targets' names on the model hub and architectures, for the verifier entry.
 HUB_NAMES = {"qwen2.5-coder-1.5b": ("Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen2ForCausalLM"),
              "default": ("Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen2ForCausalLM"),
              "qwen2.5-coder-0.5b": ("Qwen/Qwen2.5-Coder-0.5B-Instruct", "Qwen2ForCausalLM"),
              "smollm2-135m": ("HuggingFaceTB/SmolLM2-135M-Instruct", "LlamaForCausalLM")}
-WEIGHTS = "model.safetensors"
 
 
 def speculators_config(cfg: Eagle3Config, verifier: str, architecture: str, k: int,
