@@ -1,4 +1,4 @@
-"""`specdecode` command line: pull, models, generate, demo, serve, bench, advise.
+"""`specdecode` command line: pull, models, generate, demo, serve, bench, advise, check.
 
 Flags mirror vLLM / llama.cpp where they exist. Bad input exits with status 2
 and one line on stderr (`specdecode: error: ...`), never a traceback (set
@@ -226,6 +226,9 @@ def build_parser() -> Parser:
     from specdecode.bench import cli as bench_cli
 
     bench_cli.add_parsers(sub, _positive_int, add_load_args)
+    from specdecode.check import cli as check_cli
+
+    check_cli.add_parser(sub, _positive_int, add_load_args)
     return parser
 
 
@@ -506,6 +509,13 @@ def cmd_advise(args) -> int:
     return run(args, load_spec(args))
 
 
+def cmd_check(args) -> int:
+    from specdecode.check.cli import cmd_check as run
+
+    check_device(args.device)
+    return run(args, load_spec(args))
+
+
 def cmd_train(args) -> int:
     import json
     from dataclasses import replace
@@ -568,7 +578,7 @@ def cmd_build_llama_cpp(args) -> int:
 COMMANDS = {"build-llama-cpp": cmd_build_llama_cpp, "pull": cmd_pull,
             "models": cmd_models, "generate": cmd_generate, "demo": cmd_demo,
             "serve": cmd_serve, "bench": cmd_bench, "advise": cmd_advise, "train": cmd_train,
-            "export": cmd_export}
+            "export": cmd_export, "check": cmd_check}
 
 if __name__ == "__main__":
     sys.exit(main())
