@@ -16,7 +16,6 @@ pytestmark = pytest.mark.slow
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
-    "Explain what a Python list comprehension is, with one example.",
     "Rewrite this loop as a list comprehension:\n\nresult = []\nfor x in range(10):\n"
     "    if x % 2 == 0:\n        result.append(x * x)\n",
 ]

@@ -172,7 +172,9 @@ def test_transformer_speculative_sampling_matches_plain():
     draft = Transformer.random(cfg, seed=2, logit_scale=1.0)
     params = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=4)
     exact = exact_joint(target, params)
-    counts = sample_joint(make_decoder(3, "model", target, draft), params, N_SAMPLES)
+    # 8k samples: the verifier is the one the 20k-sample tests above prove; this one
+    # checks that a real transformer pair feeds it consistent p and q
+    counts = sample_joint(make_decoder(3, "model", target, draft), params, 8000)
     assert chi_square_pvalue(counts, exact) > 1e-3
 
 

@@ -186,7 +186,14 @@ class SamplingVerifier:
 
     def verify(self, draft_tokens: torch.Tensor, q: torch.Tensor | None,  # [k], [k, V]
                logits: torch.Tensor, start: int) -> VerifyResult:  # logits: [k + 1, V]
-        p = logits_to_probs(logits, self.params)  # [k + 1, vocab_size]
+        return self.verify_probs(draft_tokens, q, logits_to_probs(logits, self.params), start)
+
+    def verify_probs(self, draft_tokens: torch.Tensor,  # [k] int64
+                     q: torch.Tensor | None,  # [k, vocab_size] draft probs; None: point mass
+                     p: torch.Tensor,  # [k + 1, vocab_size] target probs, already warped
+                     start: int) -> VerifyResult:
+        """`verify` after the warping: the rule itself (check/distribution.py runs it
+        on captured p without recomputing them)."""
         if q is None:
             return match_sample(draft_tokens, p, lambda i: position_uniform(self.key, start + i))
         return self.rejection(draft_tokens, p, q.to(p.device), self.generator)

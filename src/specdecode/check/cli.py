@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from specdecode.bench import workloads
 from specdecode.bench.cli import _choice_list, _int_list
@@ -80,8 +81,10 @@ def cmd_check(args, spec) -> int:
     pair = Pair.load(spec)
     rows = run_checks(pair, args)
     failed = sum(not r.passed for r in rows)
-    title = (f"specdecode check: {pair.loaded.info.target} + {pair.loaded.info.draft or '-'} "
-             f"on {pair.backend} ({spec.dtype if pair.backend == 'torch' else 'GGUF weights'}), "
+    info = pair.loaded.info
+    draft = f" + {Path(info.draft).name}" if info.draft else ""
+    weights = spec.dtype if pair.backend == "torch" else "GGUF weights"
+    title = (f"specdecode check: {Path(info.target).name}{draft} on {pair.backend} ({weights}), "
              f"near-tie threshold {pair.limit}: {len(rows) - failed}/{len(rows)} passed")
     if args.json is not None:
         text = json.dumps({"title": title, "rows": [r.to_dict() for r in rows]})

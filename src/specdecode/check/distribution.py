@@ -2,15 +2,18 @@
 
 Capture: at a few positions of a real request, the target's logits there and after
 the drafter's likeliest token, and the draft model's q (its own `propose`, with the
-request's params). Draw: run the engine's verifier functions (verify.rejection_sample
-for drafts with q, verify.match_sample for point-mass drafts) `draws` times on those
-tensors with fresh randomness, no model calls. Test: the first emitted token against
-p (chi-square), and the bonus token after the likeliest draft was accepted against
-p after it. `rejection=` replaces the rejection sampler (a test passes a broken one).
+request's params). Draw: run the request's verifier (verify.SamplingVerifier: rejection
+sampling for drafts with q, draw-and-match for point-mass drafts) `draws` times on
+those tensors, a fresh request key each, no model calls. Test: the first emitted
+token against p (chi-square), and the bonus token after the likeliest draft was
+accepted against p after it. `verifier=` replaces the rule (tests/test_check.py
+passes one that always accepts: it must fail).
 """
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +23,7 @@ from specdecode.check.chisquare import chi_square_pvalue
 from specdecode.check.pair import Pair, cold_generate
 from specdecode.drafters.base import DraftContext
 from specdecode.sampling import SamplingParams, logits_to_probs, sample
-from specdecode.verify import RejectionSampler, match_sample, rejection_sample
+from specdecode.verify import SamplingVerifier
 
 SETTINGS = {"T=0.7": SamplingParams(temperature=0.7), "T=1.0": SamplingParams(temperature=1.0),
             "T=1.0 top-k 40 top-p 0.9": SamplingParams(temperature=1.0, top_k=40, top_p=0.9)}
@@ -30,18 +33,35 @@ ALPHA = 1e-3  # a case fails when its p-value is below this (fixed seeds: no fla
 @dataclass
 class Capture:
     """One position: p0 [V] target probs there, q [V] draft probs or None (a point
-    mass on d), d the draft token whose next row p1 [V] is kept."""
+    mass on d), d the draft token whose next row p1 [V] is kept; position: the
+    sequence position p0 is the distribution of."""
 
     where: str
+    position: int
     p0: torch.Tensor
     q: torch.Tensor | None
     d: int
     p1: torch.Tensor
 
 
+def spread_position(pair: Pair, ids: list[int], answer: list[int], params: SamplingParams
+                    ) -> int:
+    """The answer position j whose p (under `params`) is most evenly split between its
+    likeliest token and the rest (top-1 probability nearest 0.5), so both the accepted
+    and the recovered branch of the verifier are drawn often."""
+    target = pair.plain.target
+    first = target.prefill(torch.tensor(ids)).logits[-1:]  # [1, V]
+    rest = target.forward(torch.tensor(answer[:-1]), last_n=len(answer) - 1).logits
+    target.rollback(0)
+    rows = torch.cat((first, rest[-(len(answer) - 1):]))  # [n, V]: row j predicts answer[j]
+    top = torch.stack([logits_to_probs(row, params).max() for row in rows])  # [n]
+    return int((top - 0.5).abs().argmin())
+
+
 def capture(pair: Pair, context: list[int], params: SamplingParams, drafter, where: str
             ) -> Capture:
-    """The tensors of one position; drafter None: a point mass on p0's second token."""
+    """The tensors after `context`; drafter None: a point mass on p0's likeliest token,
+    else the drafter's q and its likeliest token."""
     target = pair.plain.target
     p0 = logits_to_probs(target.prefill(torch.tensor(context)).logits[-1], params)  # [V]
     q = None
@@ -51,28 +71,31 @@ def capture(pair: Pair, context: list[int], params: SamplingParams, drafter, whe
         q = drafter.propose(DraftContext(list(context), 1, params, g, len(context))).q[0]
         d = int(q.argmax())
     else:
-        d = int(p0.topk(2).indices[1])
-    p1 = logits_to_probs(target.prefill(torch.tensor(context + [d])).logits[-1], params)
+        d = int(p0.argmax())
+    p1 = logits_to_probs(target.forward(torch.tensor([d])).logits[-1], params)  # [V]
     target.rollback(0)
-    return Capture(where, p0, None if q is None else q.to(p0.device), d, p1)
+    return Capture(where, len(context), p0, None if q is None else q.to(p0.device), d, p1)
 
 
-def draw(c: Capture, draws: int, seed: int, rejection: RejectionSampler
-         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(first-token counts [V], bonus counts [V] after d was accepted)."""
+VerifierFactory = Callable[[SamplingParams, int, torch.Generator], SamplingVerifier]
+"""(params, request key, generator) -> an object with SamplingVerifier.verify_probs."""
+
+
+def draw(c: Capture, params: SamplingParams, draws: int, seed: int,
+         verifier: VerifierFactory = SamplingVerifier) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first-token counts [V], bonus counts [V] after d was accepted): `draws` runs of
+    the request's verifier (a fresh request key each, as separate requests have) on
+    the draft d or, with q, on a draft sampled from q."""
     g = torch.Generator(device=c.p0.device).manual_seed(seed)
-    first, bonus = torch.zeros_like(c.p0, dtype=torch.float64), torch.zeros_like(
-        c.p0, dtype=torch.float64)
-    other = torch.stack((c.p0, c.p0))  # rows when the draft is not d: row 1 is not read
+    keys = random.Random(seed)
+    first = torch.zeros_like(c.p0, dtype=torch.float64)  # [V]
+    bonus = torch.zeros_like(c.p0, dtype=torch.float64)  # [V]
     for _ in range(draws):
         d = c.d if c.q is None else sample(c.q, g)
-        p = torch.stack((c.p0, c.p1)) if d == c.d else other  # [2, V]
-        tokens = torch.tensor([d])
-        if c.q is None:
-            u = torch.rand(2, generator=g, dtype=torch.float64, device=c.p0.device).tolist()
-            result = match_sample(tokens, p, lambda i, u=u: u[i])
-        else:
-            result = rejection(tokens, p, c.q[None], g)
+        p = torch.stack((c.p0, c.p1 if d == c.d else c.p0))  # [2, V]; row 1 read only for d
+        rule = verifier(params, keys.getrandbits(63), g)
+        q = None if c.q is None else c.q[None]  # [1, V]
+        result = rule.verify_probs(torch.tensor([d]), q, p, c.position)
         first[result.tokens[0]] += 1
         if result.num_accepted == 1 and d == c.d:
             bonus[result.tokens[1]] += 1
@@ -80,22 +103,22 @@ def draw(c: Capture, draws: int, seed: int, rejection: RejectionSampler
 
 
 def check_distribution(pair: Pair, prompts: list[tuple[str, list[int]]], draws: int,
-                       seed: int = 0, rejection: RejectionSampler = rejection_sample,
-                       positions: int = 1) -> list[Row]:
-    """One row per (setting, drafter kind): chi-square of the first and bonus tokens."""
+                       seed: int = 0, verifier: VerifierFactory = SamplingVerifier,
+                       answer_tokens: int = 32) -> list[Row]:
+    """One row per (setting, drafter kind): chi-square of the first and bonus tokens, at
+    the most evenly split position of the first prompt's greedy answer (spread_position)."""
     name, ids = prompts[0]
-    greedy = cold_generate(pair.plain, ids, SamplingParams(max_tokens=8 * positions),
+    answer = cold_generate(pair.plain, ids, SamplingParams(max_tokens=answer_tokens),
                            speculative=False).token_ids
     drafters = [("point mass", None)]
     if "draft-model" in pair.drafters:
         drafters.insert(0, ("draft model q", pair.llm("draft-model", 1).drafter))
     rows = []
     for setting, params in SETTINGS.items():
+        at = spread_position(pair, ids, answer, params) if len(answer) > 1 else 0
         for kind, drafter in drafters:
-            for j in range(positions):
-                at = 4 + 8 * j
-                c = capture(pair, ids + greedy[:at], params, drafter, f"{name} +{at}")
-                rows.append(_row(c, draw(c, draws, seed, rejection), f"{setting}, {kind}"))
+            c = capture(pair, ids + answer[:at], params, drafter, f"{name} +{at}")
+            rows.append(_row(c, draw(c, params, draws, seed, verifier), f"{setting}, {kind}"))
     return rows
 
 

@@ -1,7 +1,7 @@
 """Fallback: with every draft token forced wrong (bench/load.py WrongDrafts), the
-user's configuration still completes every request with plain decoding's output, at
-plain speed within MARGIN (median over prompts of tokens/s against plain decoding
-of the same prompt, the two interleaved)."""
+user's configuration (Pair.speculating) still completes every request with plain
+decoding's output, at plain speed within MARGIN (median over prompts of tokens/s
+against plain decoding of the same prompt, the two interleaved)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ MARGIN = 0.2  # this machine kind's run-to-run spread is about +-10 % (README)
 def check_fallback(pair: Pair, prompts: list[tuple[str, list[int]]], max_tokens: int,
                    margin: float = MARGIN) -> list[Row]:
     """One row: outputs as plain (or parted at a near-tie), and the speed ratio."""
-    llm = pair.shipped()
+    llm = pair.speculating()
     force_wrong_drafts(llm.decoder)
     params = SamplingParams(max_tokens=max_tokens)
     cold_generate(llm, prompts[0][1], SamplingParams(max_tokens=4))  # warm-up

@@ -51,6 +51,16 @@ class Pair:
         """What the user's options load (the shipped default when they set none)."""
         return LLM.build(resolve(self.spec, self.facts), self.loaded)
 
+    def speculating(self) -> LLM:
+        """The shipped configuration, or where it settles on plain decoding (a flat cost
+        curve), the closed-loop engine on the last drafter in use: a check of the
+        fallback needs drafts to fail."""
+        llm = self.shipped()
+        if llm.info.drafter not in (None, "none"):
+            return llm
+        spec = replace(self.spec, drafter=self.drafters[-1], adaptive=True)
+        return LLM.build(resolve(spec, self.facts), self.loaded)
+
     def prompts(self, names: list[str], limit: int) -> list[tuple[str, list[int]]]:
         """(name, prompt ids) of the first `limit` prompts of each workload."""
         tok = self.plain.tokenizer
