@@ -20,7 +20,7 @@ import torch
 
 from specdecode.check import Row
 from specdecode.check.chisquare import chi_square_pvalue
-from specdecode.check.pair import Pair, cold_generate
+from specdecode.check.pair import Pair
 from specdecode.drafters.base import DraftContext
 from specdecode.sampling import SamplingParams, logits_to_probs, sample
 from specdecode.verify import SamplingVerifier
@@ -108,8 +108,7 @@ def check_distribution(pair: Pair, prompts: list[tuple[str, list[int]]], draws: 
     """One row per (setting, drafter kind): chi-square of the first and bonus tokens, at
     the most evenly split position of the first prompt's greedy answer (spread_position)."""
     name, ids = prompts[0]
-    answer = cold_generate(pair.plain, ids, SamplingParams(max_tokens=answer_tokens),
-                           speculative=False).token_ids
+    answer = pair.plain_answer(ids, answer_tokens)
     drafters = [("point mass", None)]
     if "draft-model" in pair.drafters:
         drafters.insert(0, ("draft model q", pair.llm("draft-model", 1).drafter))

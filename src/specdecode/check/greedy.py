@@ -12,8 +12,7 @@ def check_greedy(pair: Pair, prompts: list[tuple[str, list[int]]], ks: list[int]
     """One row per (drafter, k): passed unless some output parts from plain decoding at
     a position whose top-2 margin is not a near-tie (near_tie.py)."""
     params = SamplingParams(max_tokens=max_tokens)
-    plain = {name: cold_generate(pair.plain, ids, params, speculative=False).token_ids
-             for name, ids in prompts}
+    plain = {name: pair.plain_answer(ids, max_tokens) for name, ids in prompts}
     rows = []
     for drafter in pair.drafters:
         for k in ks:

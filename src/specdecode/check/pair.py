@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from specdecode.bench import workloads
 from specdecode.bench.runner import forget
@@ -11,6 +11,7 @@ from specdecode.check.near_tie import classify, threshold
 from specdecode.llm import LLM, LoadedModels, load_plan
 from specdecode.options import LoadSpec
 from specdecode.plan import Facts, resolve
+from specdecode.sampling import SamplingParams
 
 
 @dataclass
@@ -25,6 +26,7 @@ class Pair:
     plain: LLM
     drafters: tuple[str, ...]
     limit: float
+    answers: dict = field(default_factory=dict)  # (prompt ids, max_tokens) -> plain greedy
 
     @classmethod
     def load(cls, spec: LoadSpec) -> Pair:
@@ -60,6 +62,15 @@ class Pair:
             return llm
         spec = replace(self.spec, drafter=self.drafters[-1], adaptive=True)
         return LLM.build(resolve(spec, self.facts), self.loaded)
+
+    def plain_answer(self, prompt_ids: list[int], max_tokens: int) -> list[int]:
+        """Plain greedy decoding of `prompt_ids` (from an empty cache), computed once per
+        (prompt, max_tokens) for all the checks that compare with it."""
+        key = (tuple(prompt_ids), max_tokens)
+        if key not in self.answers:
+            self.answers[key] = cold_generate(self.plain, prompt_ids, SamplingParams(
+                max_tokens=max_tokens), speculative=False).token_ids
+        return self.answers[key]
 
     def prompts(self, names: list[str], limit: int) -> list[tuple[str, list[int]]]:
         """(name, prompt ids) of the first `limit` prompts of each workload."""

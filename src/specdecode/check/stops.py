@@ -31,7 +31,7 @@ def _spanning_stop(tokenizer, ids: list[int]) -> str | None:
 
 def cases(pair: Pair, ids: list[int], k: int, max_tokens: int) -> dict[str, SamplingParams]:
     base = SamplingParams(max_tokens=max_tokens)
-    ref = cold_generate(pair.plain, ids, base, speculative=False).token_ids
+    ref = pair.plain_answer(ids, max_tokens)
     out = {"max_tokens mid-draft": replace(base, max_tokens=min(k + 3, max_tokens))}
     at = next((i for i in range(len(ref) // 3, len(ref)) if ref.index(ref[i]) == i), None)
     if at is not None:
