@@ -16,7 +16,7 @@ from specdecode.collapse import PROBE_EVERY, WINDOW, CollapseGuard
 from specdecode.controller import Controller, Slot
 from specdecode.server.metrics import Metrics
 from specdecode.speclen import CostModel, LengthPolicy
-from test_controller import Clock, TimedTarget
+from test_controller import Clock, TimedDrafter, TimedTarget
 
 PRIOR = CostModel({1: 1.0, 2: 1.1, 9: 1.8, 65: 7.0})
 
@@ -184,3 +184,39 @@ def test_the_cli_warns_in_one_line_when_the_guard_engaged():
     line = guard_warning(SpecStats(steps=100, guard_plain_steps=60, guard_engagements=1))
     assert line.startswith("specdecode: warning:") and "60 of 100 steps" in line
     assert "\n" not in line
+
+
+def _pinned_decoder(target, drafter, clock: Clock) -> SpeculativeDecoder:
+    """The fixed-k default's engine (llm.pinned_controller) on a flat cost curve, a
+    draft token costing 0.3 plain steps."""
+    from specdecode.llm import pinned_controller
+
+    timed = TimedTarget(target, clock, lambda b: 1.0 + 0.01 * (b - 1))
+    controller = pinned_controller(drafter, CostModel({1: 1.0, 2: 1.0}, draft_per_token=0.3))
+    return SpeculativeDecoder(timed, k=8, controller=controller, clock=clock)
+
+
+def test_the_fixed_k_default_drafts_k_while_drafts_pay(target):
+    """Right drafts: after the one-token probe every drafted step asks for k = 8."""
+    clock, prompt = Clock(), [3, 141, 59]
+    truth = prompt + plain_greedy(target, prompt, 120)
+    drafter = TimedDrafter(truth, target.vocab_size, [8], clock, per_token=0.3)
+    result = _pinned_decoder(target, drafter, clock).generate(prompt, _params(120))
+    assert result.token_ids == truth[len(prompt):]
+    drafted = [d for d in result.stats.drafted_per_step if d]
+    assert drafted[0] == 1 and set(drafted[1:-1]) == {8}  # the last one: max_tokens cuts it
+    assert result.stats.guard_engagements == 0 and sum(drafted) >= 100
+
+
+def test_the_fixed_k_default_stops_drafting_when_every_draft_fails(target):
+    """Always-wrong drafts (what `specdecode check` forces for its fallback check):
+    the output is plain's, and almost every step is plain (no k-token drafts)."""
+    clock, prompt = Clock(), [5, 6, 7]
+    truth = prompt + plain_greedy(target, prompt, 200)
+    drafter = TimedDrafter(truth, target.vocab_size, [0], clock, per_token=0.3)
+    decoder = _pinned_decoder(target, drafter, clock)
+    result = decoder.generate(prompt, _params(200))
+    assert result.token_ids == truth[len(prompt):]
+    stats = result.stats
+    assert sum(stats.drafted_per_step) <= 12 and max(stats.drafted_per_step) <= 1  # probes
+    assert stats.guard_engagements == 1 and stats.speculation_paused

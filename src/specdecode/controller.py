@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 from specdecode.collapse import CollapseGuard
 from specdecode.drafters.base import Draft, DraftContext, Drafter
-from specdecode.speclen import CostModel, LengthPolicy, best_length, rate_at
+from specdecode.speclen import CostModel, LengthPolicy, rate_at
 
 ProposeFn = Callable[[Drafter, DraftContext], Draft]
 """(drafter, context) -> the drafter's draft of at most context.k tokens (stops applied)."""
@@ -233,7 +233,8 @@ class Slot:
         """A request's estimates of one kind of draft: kind 0 from the prior; other
         kinds carry over the last request's pessimistic estimates (carry_over)."""
         p = self.policy
-        policy = LengthPolicy(p.costs, p.prior, p.decay, p.pool_from, carry_over=kind > 0)
+        policy = LengthPolicy(p.costs, p.prior, p.decay, p.pool_from, carry_over=kind > 0,
+                              pinned=p.pinned)
         if kind in self.carried:
             policy.begin(self.carried[kind])
         return policy
@@ -408,7 +409,7 @@ class Controller:
         long batches are measured instead of believed (the start-up curve can
         overprice them, and a size never verified would never be corrected)."""
         acceptance = policy.acceptance(len(draft))
-        length, rate = best_length(costs, acceptance, len(draft), drafted=True)
+        length, rate = policy.best(costs, len(draft), drafted=True)
         longer = min(len(draft), 2 * length + 1)
         if self.costs is None or not length or longer <= length or self.costs.observed(
                 longer + 1, context_len):
@@ -432,7 +433,7 @@ class Controller:
             return 0, 0.0
         pending = getattr(slot.drafter, "pending", None)
         catchup = max(0, (pending(context) if pending else 1) - 1) * costs.catchup_per_token
-        length, rate = best_length(costs, policy.acceptance(k), k, overhead=catchup)
+        length, rate = policy.best(costs, k, overhead=catchup)
         return (min(length, 1) if slot.probing else length), rate
 
     def observe(self, plan: Plan, accepted: int, draft_seconds: float, verify_seconds: float,
@@ -491,7 +492,7 @@ class Controller:
         costs = self.cost_model(context_len)
         parts = []
         for slot in self.slots:
-            length, rate = best_length(costs, slot.policy.acceptance(k), k)
+            length, rate = slot.policy.best(costs, k)
             parts.append(f"{slot.name}: draft length {length} of {k} "
                          f"(predicted {rate:.2f}x plain steps)")
         return "; ".join(parts)

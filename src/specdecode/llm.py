@@ -169,14 +169,20 @@ class LLM:
         """The LLM `plan` describes, on models loaded for it (or for a plan with the same
         target and draft: the bench builds its rows on one load). An undecided
         adaptive default is settled here, from the target's cost curve."""
-        info = models.new_info()
+        info, undecided = models.new_info(), plan.fixed is not None
         plan, costs, why = _settle(plan, models, info)
         info.drafter, choice = plan.drafter, None
         drafters = {name: models.drafter(name, plan) for name in plan.drafters}
         if not (plan.adaptive and drafters):
-            info.choice = why
-            return cls(models.target.model, models.target.tokenizer,
-                       next(iter(drafters.values()), None), plan.k, info)
+            only = next(iter(drafters.values()), None)
+            if not (undecided and only is not None and plan.k > 0):
+                info.choice = why
+                return cls(models.target.model, models.target.tokenizer, only, plan.k, info)
+            controller = pinned_controller(only, costs or flat_prior(models, only))
+            info.choice = "; ".join(filter(None, (why, f"fixed k = {plan.k} while drafts pay "
+                                                  "(acceptance-collapse guard)")))
+            return cls(models.target.model, models.target.tokenizer, None, plan.k, info,
+                       controller)
         draft = drafters.get("draft-model")
         if costs is None:
             costs = measured_costs(models.target.model, draft, info, plan.k, models.files)
@@ -314,6 +320,29 @@ def make_controller(costs: CostModel, ngram: Drafter | None, draft: Drafter | No
     if draft is not None:
         slots.append(Slot(draft, LengthPolicy(costs), costly=True))
     return Controller(slots, costs)
+
+
+def pinned_controller(drafter: Drafter, costs: CostModel) -> Controller:
+    """The fixed-k default's controller: `drafter` alone at k or nothing (speclen's
+    pinned LengthPolicy), on costs learnt online from `costs`, so that drafts which
+    stop paying engage the acceptance-collapse guard (collapse.py) as they do in
+    the adaptive engine; a draft model is priced per token, lookup as free."""
+    costly = costs.draft_per_token > 0
+    return Controller([Slot(drafter, LengthPolicy(costs, pinned=True), costly=costly)], costs)
+
+
+def flat_prior(models: LoadedModels, drafter: Drafter) -> CostModel:
+    """A cost prior measured nothing: verification as cheap as a plain step (the flat
+    curve the fixed-k default is for) and a draft model's token priced at its share
+    of the target's weight bytes (what a CPU step reads); observed steps correct
+    both (controller.OnlineCosts)."""
+    from specdecode.memory import files_bytes
+
+    target, draft = models.files
+    share = 0.0
+    if getattr(drafter, "draft_model", None) is not None and draft is not None:
+        share = files_bytes(draft) / max(files_bytes(target), 1)
+    return CostModel({1: 1.0, 2: 1.0}, draft_per_token=share)
 
 
 def choose_backend(backend: str, path: Path, device: str) -> str:

@@ -134,7 +134,7 @@ def plan_memory(plan) -> MemoryPlan:
         parts += _model_parts("draft", plan.draft.path, plan.draft.backend, cfg, spec, context,
                               int8=plan.draft_quant == "int8")
     if {"hidden-head", "eagle3"} & set(plan.drafters) and spec.head is not None:
-        parts.append(Part("head weights", _files_bytes(Path(spec.head)), "draft weights"))
+        parts.append(Part("head weights", files_bytes(Path(spec.head)), "draft weights"))
     parts.append(_activations(plan.target.backend, target_cfg, spec, context, plan.k,
                               drafted=plan.draft is not None))
     copied = [p.bytes for p, backend in zip(parts[::2], _backends(plan))
@@ -163,7 +163,7 @@ def _model_parts(role: str, path: Path, backend: str, cfg, spec: LoadSpec, conte
     """Weights and KV cache of one model (role: "target" or "draft")."""
     kind = "weights" if role == "target" else "draft weights"
     if backend == "llama.cpp" or cfg is None:
-        weights = _files_bytes(path)
+        weights = files_bytes(path)
         kv = limits.kv_cache_bytes(cfg, context, limits.LLAMA_CPP_KV_BYTES) if cfg else 0
     else:
         elem = limits.DTYPE_BYTES.get(str(spec.dtype).removeprefix("torch."), 4)
@@ -205,7 +205,7 @@ def _activations(backend: str, cfg, spec: LoadSpec, context: int, k: int,
     return Part(f"activations (verify k={k})", logits + layer + scores, "activations")
 
 
-def _files_bytes(path: Path) -> int:
+def files_bytes(path: Path) -> int:
     """A file's size, or the sum of a folder's files."""
     if path.is_file():
         return path.stat().st_size
