@@ -186,37 +186,39 @@ def test_the_cli_warns_in_one_line_when_the_guard_engaged():
     assert "\n" not in line
 
 
-def _pinned_decoder(target, drafter, clock: Clock) -> SpeculativeDecoder:
-    """The fixed-k default's engine (llm.pinned_controller) on a flat cost curve, a
+
+def _fixed_default(target, drafter, clock: Clock) -> SpeculativeDecoder:
+    """The fixed-k default's engine (llm.guarded_controller) on a flat cost curve, a
     draft token costing 0.3 plain steps."""
-    from specdecode.llm import pinned_controller
+    from specdecode.llm import guarded_controller
 
     timed = TimedTarget(target, clock, lambda b: 1.0 + 0.01 * (b - 1))
-    controller = pinned_controller(drafter, CostModel({1: 1.0, 2: 1.0}, draft_per_token=0.3))
+    controller = guarded_controller(drafter, CostModel({1: 1.0, 2: 1.0}, draft_per_token=0.3))
     return SpeculativeDecoder(timed, k=8, controller=controller, clock=clock)
 
 
 def test_the_fixed_k_default_drafts_k_while_drafts_pay(target):
-    """Right drafts: after the one-token probe every drafted step asks for k = 8."""
+    """Right drafts: no one-token probe first, and drafts grow to k = 8."""
     clock, prompt = Clock(), [3, 141, 59]
-    truth = prompt + plain_greedy(target, prompt, 120)
+    truth = prompt + plain_greedy(target, prompt, 160)
     drafter = TimedDrafter(truth, target.vocab_size, [8], clock, per_token=0.3)
-    result = _pinned_decoder(target, drafter, clock).generate(prompt, _params(120))
+    result = _fixed_default(target, drafter, clock).generate(prompt, _params(160))
     assert result.token_ids == truth[len(prompt):]
     drafted = [d for d in result.stats.drafted_per_step if d]
-    assert drafted[0] == 1 and set(drafted[1:-1]) == {8}  # the last one: max_tokens cuts it
-    assert result.stats.guard_engagements == 0 and sum(drafted) >= 100
+    assert drafted[0] > 1 and drafted[1:-1].count(8) >= len(drafted) - 4
+    assert result.stats.guard_engagements == 0 and result.stats.accepted >= 130  # of 160
 
 
 def test_the_fixed_k_default_stops_drafting_when_every_draft_fails(target):
     """Always-wrong drafts (what `specdecode check` forces for its fallback check):
-    the output is plain's, and almost every step is plain (no k-token drafts)."""
+    the output is plain's, a few drafts are tried, then the guard has speculation
+    off (without it, fixed k verified 8 wrong tokens at every step: 0.26x)."""
     clock, prompt = Clock(), [5, 6, 7]
     truth = prompt + plain_greedy(target, prompt, 200)
     drafter = TimedDrafter(truth, target.vocab_size, [0], clock, per_token=0.3)
-    decoder = _pinned_decoder(target, drafter, clock)
-    result = decoder.generate(prompt, _params(200))
+    result = _fixed_default(target, drafter, clock).generate(prompt, _params(200))
     assert result.token_ids == truth[len(prompt):]
     stats = result.stats
-    assert sum(stats.drafted_per_step) <= 12 and max(stats.drafted_per_step) <= 1  # probes
+    assert sum(stats.drafted_per_step) <= 16 and stats.accepted == 0
     assert stats.guard_engagements == 1 and stats.speculation_paused
+    assert clock.now < 200 * 1.1  # what plain steps would cost, plus the few drafts

@@ -281,10 +281,10 @@ def test_build_fixed_plans_share_the_draft_model_drafter(models):
     assert not plain.speculative and plain.info is not a.info
 
 
-def _pinned(built: LLM) -> bool:
-    """Whether an LLM runs the fixed-k default: one drafter at k or nothing."""
+def _fixed_default(built: LLM) -> bool:
+    """Whether an LLM runs the fixed-k default: one drafter under the collapse guard."""
     slots = built.decoder.controller.slots
-    return len(slots) == 1 and slots[0].policy.pinned
+    return len(slots) == 1 and not slots[0].prices_catchup
 
 
 def test_build_settles_the_default_from_the_curve(models, monkeypatch):
@@ -299,7 +299,7 @@ def test_build_settles_the_default_from_the_curve(models, monkeypatch):
     for curve, adaptive in ((STEEP, True), (FLAT, False)):  # llama.cpp measures at load
         machine["curve"] = curve
         built = LLM.build(plan(drafter="ngram"), models)
-        assert _pinned(built) is not adaptive  # fixed k under the collapse guard
+        assert _fixed_default(built) is not adaptive  # fixed k under the collapse guard
         assert built.k == (64 if adaptive else 16)
         assert ("adaptive by default" if adaptive else "fixed k by default") in built.info.choice
     assert measured == [(None, 64), (None, 64)]  # once each: the prior is reused
@@ -307,7 +307,7 @@ def test_build_settles_the_default_from_the_curve(models, monkeypatch):
     for cached, adaptive in ((None, False), (FLAT, False), (STEEP, True)):  # cache only
         machine["cached"] = cached
         built = LLM.build(torch_plan, models)
-        assert _pinned(built) is not adaptive
+        assert _fixed_default(built) is not adaptive
         assert ("fixed k by default" in built.info.choice) is (cached is FLAT)
     assert len(measured) == 2  # torch measured nothing
 

@@ -174,17 +174,3 @@ def test_a_request_starts_from_the_prior_not_from_the_last_request():
     fresh = SpeculativeDecoder(target_model, None, 8, length_policy=LengthPolicy(LLAMA_CPP))
     assert second_request(used) == second_request(fresh)
     assert sum(second_request(fresh)) <= 4  # learnt in a step or two
-
-
-def test_a_pinned_policy_drafts_k_or_nothing():
-    """pinned: k while k tokens beat a plain step at the estimates, else 0; the
-    unpinned policy picks a length in between on the same estimates."""
-    costs = CostModel({1: 1.0, 2: 1.0}, draft_per_token=0.3)
-    free, pinned = LengthPolicy(costs), LengthPolicy(costs, pinned=True)
-    assert pinned.length(8) == 8 and free.length(8) < 8  # prior 0.9: 8 tokens pay
-    for policy in (free, pinned):
-        for _ in range(6):
-            policy.observe(8, 0)  # every first token wrong
-    assert pinned.length(8) == 0 and pinned.best(costs, 8) == (0, 1.0)
-    assert pinned.length(8, drafted=True) == 8  # drafted, on a flat curve: verifying is free
-    assert pinned.length(0) == 0

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 from specdecode.collapse import CollapseGuard
 from specdecode.drafters.base import Draft, DraftContext, Drafter
-from specdecode.speclen import CostModel, LengthPolicy, rate_at
+from specdecode.speclen import CostModel, LengthPolicy, best_length, rate_at
 
 ProposeFn = Callable[[Drafter, DraftContext], Draft]
 """(drafter, context) -> the drafter's draft of at most context.k tokens (stops applied)."""
@@ -213,7 +213,10 @@ class Slot:
     decay); requests get their own (`Control`). A costly slot's `recent` holds
     (tokens emitted, cost in plain steps) of its last few verified steps
     (cleared at a pause): what it realised, judged against plain steps (1).
-    Machine-level, shared by requests: pauses, `recent`, `carried`."""
+    Machine-level, shared by requests: pauses, `recent`, `carried`. prices_catchup
+    False: a costly draft is priced without the catch-up on context it has not
+    seen (the fixed-k default's drafter keeps up as fixed k did: llm.py
+    guarded_controller); its observed cost, catch-up included, still counts."""
 
     drafter: Drafter
     policy: LengthPolicy
@@ -224,6 +227,7 @@ class Slot:
     recent: deque = field(default_factory=lambda: deque(maxlen=3))
     carried: dict[int, list[float]] = field(default_factory=dict)  # kind -> last estimates
     epoch: int = 0  # probes started so far: a request's estimates restart at a new one
+    prices_catchup: bool = True  # a costly draft's price includes its context catch-up
 
     @property
     def name(self) -> str:
@@ -233,8 +237,7 @@ class Slot:
         """A request's estimates of one kind of draft: kind 0 from the prior; other
         kinds carry over the last request's pessimistic estimates (carry_over)."""
         p = self.policy
-        policy = LengthPolicy(p.costs, p.prior, p.decay, p.pool_from, carry_over=kind > 0,
-                              pinned=p.pinned)
+        policy = LengthPolicy(p.costs, p.prior, p.decay, p.pool_from, carry_over=kind > 0)
         if kind in self.carried:
             policy.begin(self.carried[kind])
         return policy
@@ -409,7 +412,7 @@ class Controller:
         long batches are measured instead of believed (the start-up curve can
         overprice them, and a size never verified would never be corrected)."""
         acceptance = policy.acceptance(len(draft))
-        length, rate = policy.best(costs, len(draft), drafted=True)
+        length, rate = best_length(costs, acceptance, len(draft), drafted=True)
         longer = min(len(draft), 2 * length + 1)
         if self.costs is None or not length or longer <= length or self.costs.observed(
                 longer + 1, context_len):
@@ -433,7 +436,8 @@ class Controller:
             return 0, 0.0
         pending = getattr(slot.drafter, "pending", None)
         catchup = max(0, (pending(context) if pending else 1) - 1) * costs.catchup_per_token
-        length, rate = policy.best(costs, k, overhead=catchup)
+        catchup *= slot.prices_catchup
+        length, rate = best_length(costs, policy.acceptance(k), k, overhead=catchup)
         return (min(length, 1) if slot.probing else length), rate
 
     def observe(self, plan: Plan, accepted: int, draft_seconds: float, verify_seconds: float,
@@ -492,7 +496,7 @@ class Controller:
         costs = self.cost_model(context_len)
         parts = []
         for slot in self.slots:
-            length, rate = slot.policy.best(costs, k)
+            length, rate = best_length(costs, slot.policy.acceptance(k), k)
             parts.append(f"{slot.name}: draft length {length} of {k} "
                          f"(predicted {rate:.2f}x plain steps)")
         return "; ".join(parts)

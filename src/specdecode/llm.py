@@ -178,9 +178,9 @@ class LLM:
             if not (undecided and only is not None and plan.k > 0):
                 info.choice = why
                 return cls(models.target.model, models.target.tokenizer, only, plan.k, info)
-            controller = pinned_controller(only, costs or flat_prior(models, only))
-            info.choice = "; ".join(filter(None, (why, f"fixed k = {plan.k} while drafts pay "
-                                                  "(acceptance-collapse guard)")))
+            controller = guarded_controller(only, costs or flat_prior(models, only))
+            info.choice = "; ".join(filter(None, (why, f"drafts of up to k = {plan.k} "
+                                                  "while they pay (acceptance-collapse guard)")))
             return cls(models.target.model, models.target.tokenizer, None, plan.k, info,
                        controller)
         draft = drafters.get("draft-model")
@@ -322,13 +322,17 @@ def make_controller(costs: CostModel, ngram: Drafter | None, draft: Drafter | No
     return Controller(slots, costs)
 
 
-def pinned_controller(drafter: Drafter, costs: CostModel) -> Controller:
-    """The fixed-k default's controller: `drafter` alone at k or nothing (speclen's
-    pinned LengthPolicy), on costs learnt online from `costs`, so that drafts which
-    stop paying engage the acceptance-collapse guard (collapse.py) as they do in
-    the adaptive engine; a draft model is priced per token, lookup as free."""
+def guarded_controller(drafter: Drafter, costs: CostModel) -> Controller:
+    """The fixed-k default's controller: `drafter` alone, drafts of up to k tokens,
+    each step's length from observed costs and acceptance, on costs learnt online
+    from `costs`, so that drafts which stop paying engage the acceptance-collapse
+    guard (collapse.py) as in the adaptive engine. As fixed k: the first draft is
+    not a one-token probe (probes come after pauses), and a draft model is priced
+    without its catch-up (controller.Slot.prices_catchup); lookup is free."""
     costly = costs.draft_per_token > 0
-    return Controller([Slot(drafter, LengthPolicy(costs, pinned=True), costly=costly)], costs)
+    slot = Slot(drafter, LengthPolicy(costs), costly=costly, probing=False,
+                prices_catchup=False)
+    return Controller([slot], costs)
 
 
 def flat_prior(models: LoadedModels, drafter: Drafter) -> CostModel:

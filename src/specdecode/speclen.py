@@ -139,9 +139,6 @@ class LengthPolicy:
         judged after a few steps, not after 64 observations of position 64.
     carry_over: a new request starts from the last request's estimates where they
         are below the prior's, at the prior's weak strength (`begin`).
-    pinned: the length is k or nothing: k wherever k tokens are predicted to beat
-        a plain step, else 0 (the fixed-k default under the acceptance-collapse
-        guard, llm.py: a fixed k that stops verifying drafts that do not pay).
     """
 
     costs: CostModel
@@ -149,7 +146,6 @@ class LengthPolicy:
     decay: float = 0.95
     pool_from: int = 2
     carry_over: bool = False
-    pinned: bool = False
     _accepted: list[float] = field(default_factory=list)
     _tried: list[float] = field(default_factory=list)
     _watched: list[list] = field(default_factory=list)  # [start, tokens, judged]
@@ -188,18 +184,7 @@ class LengthPolicy:
         """Draft length for this step, at most k. drafted: the drafter already
         proposed k tokens (cut them; their drafting cost is spent); otherwise the
         answer is how many to ask a drafter for that pays per token."""
-        return self.best(self.costs, k, drafted=drafted)[0]
-
-    def best(self, costs: CostModel, k: int, *, drafted: bool = False,
-             overhead: float = 0.0) -> tuple[int, float]:
-        """(L, tokens per plain-step cost) on `costs` at these estimates: best_length's
-        choice over 0..k, or when pinned, k if it beats a plain step, else 0."""
-        acceptance = self.acceptance(k)
-        if not self.pinned:
-            return best_length(costs, acceptance, k, drafted=drafted, overhead=overhead)
-        rate, plain = rate_at(costs, acceptance, k, drafted=drafted, overhead=overhead), (
-            1.0 / costs.c(1))
-        return (k, rate) if k and rate > plain + 1e-9 else (0, plain)
+        return best_length(self.costs, self.acceptance(k), k, drafted=drafted)[0]
 
     def observe(self, tried: int, accepted: int) -> None:
         """A step verified `tried` draft tokens and accepted the first `accepted`

@@ -14,6 +14,7 @@ from specdecode.bench import workloads
 from specdecode.bench.cli import _choice_list, _int_list
 from specdecode.check import CHECKS, Row
 
+DEFAULT_WORKLOADS = ("humaneval", "chat")
 
 def add_parser(sub, positive_int, add_load_args) -> None:
     """Register `check` on the CLI's subparsers (cli.py's one set of load options)."""
@@ -44,7 +45,7 @@ def run_checks(pair, args, rejection=None) -> list[Row]:
     from specdecode.check.greedy import check_greedy
     from specdecode.check.stops import check_stops
 
-    prompts = pair.prompts(args.workloads or ["humaneval", "chat"], args.prompts)
+    prompts = pair.prompts(args.workloads or DEFAULT_WORKLOADS, args.prompts)
     extra = {} if rejection is None else {"rejection": rejection}
     runs = {"greedy": lambda: check_greedy(pair, prompts, args.ks, args.max_tokens),
             "distribution": lambda: check_distribution(pair, prompts, args.draws, args.seed,
@@ -76,7 +77,7 @@ def cmd_check(args, spec) -> int:
     """Run `specdecode check` on the load options of `spec` (cli.load_spec)."""
     from specdecode.check.pair import Pair
 
-    for name in args.workloads or []:
+    for name in args.workloads or DEFAULT_WORKLOADS:
         workloads.load(name, args.prompts)  # a bad workload fails before loading
     pair = Pair.load(spec)
     rows = run_checks(pair, args)
