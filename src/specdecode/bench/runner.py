@@ -186,7 +186,8 @@ def build_llms(plans: dict[str, Plan], loaded: LoadedModels) -> dict[str, LLM]:
     return {label: LLM.build(plan, loaded) for label, plan in plans.items()}
 
 
-def machine(options: BenchOptions) -> dict:
+def machine(options: BenchOptions, backend: str | None = None) -> dict:
+    """The machine and settings of a run; backend: the one that ran (default: as asked)."""
     cpu = platform.processor() or "?"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -197,7 +198,8 @@ def machine(options: BenchOptions) -> dict:
         pass
     return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(),
-            "dtype": options.dtype, "device": options.device, "backend": options.backend,
+            "dtype": options.dtype, "device": options.device,
+            "backend": backend or options.backend or "auto",
             "background_load": options.background_load}
 
 
@@ -290,7 +292,7 @@ class Bench:
         if plan is not None:
             self.models.memory["predicted_peak_rss"] = plan["predicted_peak_rss"]
         return {"schema": SCHEMA, "date": time.strftime("%Y-%m-%d %H:%M"),
-                "machine": machine(o), "options": asdict(o),
+                "machine": machine(o, self.models.plain.info.backend), "options": asdict(o),
                 "configs": [c.label for c in self.configs], "memory": self.models.memory,
                 "memory_plan": self.models.memory_plan,
                 "notes": self.notes, "summary": summarise(rows, self.configs),
