@@ -186,6 +186,11 @@ def test_the_cli_warns_in_one_line_when_the_guard_engaged():
     assert "\n" not in line
 
 
+class TimedDraftModel(TimedDrafter):
+    """A TimedDrafter the engine takes for a draft model (it has one)."""
+
+    draft_model = "a draft model"
+
 
 def _fixed_default(target, drafter, clock: Clock) -> SpeculativeDecoder:
     """The fixed-k default's engine (llm.guarded_controller) on a flat cost curve, a
@@ -201,7 +206,7 @@ def test_the_fixed_k_default_drafts_k_while_drafts_pay(target):
     """Right drafts: no one-token probe first, and drafts grow to k = 8."""
     clock, prompt = Clock(), [3, 141, 59]
     truth = prompt + plain_greedy(target, prompt, 160)
-    drafter = TimedDrafter(truth, target.vocab_size, [8], clock, per_token=0.3)
+    drafter = TimedDraftModel(truth, target.vocab_size, [8], clock, per_token=0.3)
     result = _fixed_default(target, drafter, clock).generate(prompt, _params(160))
     assert result.token_ids == truth[len(prompt):]
     drafted = [d for d in result.stats.drafted_per_step if d]
@@ -215,7 +220,7 @@ def test_the_fixed_k_default_stops_drafting_when_every_draft_fails(target):
     off (without it, fixed k verified 8 wrong tokens at every step: 0.26x)."""
     clock, prompt = Clock(), [5, 6, 7]
     truth = prompt + plain_greedy(target, prompt, 200)
-    drafter = TimedDrafter(truth, target.vocab_size, [0], clock, per_token=0.3)
+    drafter = TimedDraftModel(truth, target.vocab_size, [0], clock, per_token=0.3)
     result = _fixed_default(target, drafter, clock).generate(prompt, _params(200))
     assert result.token_ids == truth[len(prompt):]
     stats = result.stats

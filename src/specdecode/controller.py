@@ -435,8 +435,8 @@ class Controller:
         if not slot.tick():
             return 0, 0.0
         pending = getattr(slot.drafter, "pending", None)
-        catchup = max(0, (pending(context) if pending else 1) - 1) * costs.catchup_per_token
-        catchup *= slot.prices_catchup
+        unseen = max(0, (pending(context) if pending else 1) - 1) if slot.prices_catchup else 0
+        catchup = unseen * costs.catchup_per_token
         length, rate = best_length(costs, policy.acceptance(k), k, overhead=catchup)
         return (min(length, 1) if slot.probing else length), rate
 

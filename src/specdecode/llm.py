@@ -323,16 +323,22 @@ def make_controller(costs: CostModel, ngram: Drafter | None, draft: Drafter | No
 
 
 def guarded_controller(drafter: Drafter, costs: CostModel) -> Controller:
-    """The fixed-k default's controller: `drafter` alone, drafts of up to k tokens,
-    each step's length from observed costs and acceptance, on costs learnt online
-    from `costs`, so that drafts which stop paying engage the acceptance-collapse
-    guard (collapse.py) as in the adaptive engine. As fixed k: the first draft is
-    not a one-token probe (probes come after pauses), and a draft model is priced
-    without its catch-up (controller.Slot.prices_catchup); lookup is free."""
-    costly = costs.draft_per_token > 0
-    slot = Slot(drafter, LengthPolicy(costs), costly=costly, probing=False,
-                prices_catchup=False)
-    return Controller([slot], costs)
+    """The fixed-k default's controller: `drafter` alone in make_controller's slot for
+    its kind (a draft model priced per token, any other drafter free), drafts of up
+    to k tokens, each step's length from observed costs and acceptance, so that
+    drafts which stop paying engage the acceptance-collapse guard (collapse.py) as
+    in the adaptive engine. As fixed k: the first draft is not a one-token probe
+    (probes come after pauses), and a draft model is priced without its catch-up
+    (controller.Slot.prices_catchup)."""
+    draft = drafter if _is_draft_model(drafter) else None
+    controller = make_controller(costs, None if draft else drafter, draft)
+    for slot in controller.slots:
+        slot.probing = slot.prices_catchup = False
+    return controller
+
+
+def _is_draft_model(drafter: Drafter) -> bool:
+    return getattr(drafter, "draft_model", None) is not None
 
 
 def flat_prior(models: LoadedModels, drafter: Drafter) -> CostModel:
@@ -344,7 +350,7 @@ def flat_prior(models: LoadedModels, drafter: Drafter) -> CostModel:
 
     target, draft = models.files
     share = 0.0
-    if getattr(drafter, "draft_model", None) is not None and draft is not None:
+    if _is_draft_model(drafter) and draft is not None:
         share = files_bytes(draft) / max(files_bytes(target), 1)
     return CostModel({1: 1.0, 2: 1.0}, draft_per_token=share)
 

@@ -16,6 +16,7 @@ from specdecode.check import CHECKS, Row
 
 DEFAULT_WORKLOADS = ("humaneval", "chat")
 
+
 def add_parser(sub, positive_int, add_load_args) -> None:
     """Register `check` on the CLI's subparsers (cli.py's one set of load options)."""
     p = sub.add_parser("check", help="conformance run on this pair, backend and machine: "
