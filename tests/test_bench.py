@@ -151,3 +151,29 @@ def test_unknown_workload_and_missing_file(tmp_path):
         workloads.load("poetry")
     with pytest.raises(workloads.WorkloadError, match="not found"):
         workloads.load(str(tmp_path / "missing.jsonl"))
+
+
+def test_measuring_sets_as_workloads():
+    """mt-bench and mbpp: the first turns of the shared measuring sets, in file order."""
+    from specdecode.bench.agent import MT_BENCH
+    rows = [json.loads(line) for line in MT_BENCH.read_text().splitlines() if line.strip()]
+    mt = workloads.load("mt-bench:3")
+    assert [p.messages[0]["content"] for p in mt] == [r["turns"][0] for r in rows[:3]]
+    assert [p.name for p in workloads.load("mbpp", limit=2)] == ["mbpp-0", "mbpp-1"]
+
+
+def test_head_rows_carry_the_head_and_other_rows_do_not(tmp_path):
+    """bench --head: the eagle3 / hidden-head rows run it at each -k; plain, the draft
+    model and the shipped default are loaded without it (a head with another drafter
+    is refused by the plan)."""
+    from specdecode.bench.runner import BenchOptions, specdecode_configs
+    (tmp_path / "config.json").write_text("{}")
+    options = BenchOptions(drafters=["auto", "draft-model", "eagle3"], draft_k=[2, 4],
+                           head=str(tmp_path))
+    configs = specdecode_configs(options, has_draft=True)
+    labels = [c.label for c in configs]
+    assert "specdecode eagle3 k=2" in labels and "specdecode eagle3 k=4" in labels
+    base = options.spec()
+    for c in configs:
+        spec = c.spec(base)
+        assert spec.head == (str(tmp_path) if c.method == "eagle3" else None), c.label

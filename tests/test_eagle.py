@@ -370,3 +370,47 @@ def test_a_gap_longer_than_the_rows_kept_restarts_the_cache():
         prompt, SamplingParams(max_tokens=30, ignore_eos=True))
     assert out.token_ids == plain_greedy(target, prompt, 30)
     assert drafter.checks >= 3 and drafter.cache.base > 0
+
+
+@pytest.mark.parametrize("context", [5, None])
+def test_batched_collection_equals_one_at_a_time(tmp_path, context):
+    """collect_batched (3 prompts at a time, 5 prompts of different lengths, one with
+    no room) writes the shards collect writes one prompt at a time: same tokens,
+    states within a batched pass's rounding; a second call resumes with no work."""
+    target = tiny(9)
+    prompts = ["3 1 4 1 5 9", "2 6", "5 3 5 8 9 7 9 3", "1", "2 3 8 4 6 2 6 4 3"]
+    encode = lambda p: [int(x) for x in p.split()]  # noqa: E731
+    layers = (0, 1) if context else (data.FINAL_LAYER,)
+    answer = (lambda ids: data.answer_with_context(  # noqa: E731
+        target, ids, 7, (4,), layers, context)) if context else None
+    one = data.collect(target, encode, prompts, tmp_path / "one", max_new_tokens=7,
+                       stop_ids=(4,), progress=False, answer=answer)
+    plan = data.BatchPlan(3, layers, context)
+    many = data.collect_batched(target, encode, prompts, tmp_path / "many", plan,
+                                max_new_tokens=7, stop_ids=(4,), order=[4, 3, 2, 1, 0],
+                                progress=False)
+    from safetensors.torch import load_file
+    for a, b in zip(one, many):
+        x, y = load_file(str(a)), load_file(str(b))
+        assert x.keys() == y.keys()
+        for key in x:
+            if x[key].is_floating_point():
+                assert x[key].shape == y[key].shape
+                assert torch.allclose(x[key].float(), y[key].float(), atol=2e-3)
+            else:
+                assert torch.equal(x[key], y[key]), key
+    stamp = [p.stat().st_mtime_ns for p in many]
+    data.collect_batched(target, encode, prompts, tmp_path / "many", plan,
+                         max_new_tokens=7, stop_ids=(4,), progress=False)
+    assert [p.stat().st_mtime_ns for p in many] == stamp
+
+
+def test_batched_collection_stops_at_the_deadline(tmp_path):
+    """Past the deadline no prompt is started: the prompts in `order` before it are
+    answered, the others get no shard."""
+    import time
+    target = tiny(9)
+    plan = data.BatchPlan(2, (0, 1), 4, deadline=time.monotonic() - 1)
+    paths = data.collect_batched(target, lambda p: [1, 2, 3], ["a", "b", "c"], tmp_path,
+                                 plan, max_new_tokens=4, progress=False)
+    assert not any(p.is_file() for p in paths)

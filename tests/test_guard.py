@@ -227,3 +227,28 @@ def test_the_fixed_k_default_stops_drafting_when_every_draft_fails(target):
     assert sum(stats.drafted_per_step) <= 16 and stats.accepted == 0
     assert stats.guard_engagements == 1 and stats.speculation_paused
     assert clock.now < 200 * 1.1  # what plain steps would cost, plus the few drafts
+
+
+class TimedHead(TimedDrafter):
+    """A drafter with no draft model whose tokens cost compute (a trained head)."""
+
+    priced = True
+
+
+def test_a_trained_head_is_priced_per_token(target):
+    """The fixed-k default prices a head's tokens (drafters.base: priced): right drafts
+    whose tokens cost 1.5 plain steps each never pay, so after its first drafts the
+    head is seldom asked; the same drafter unpriced (free) drafts at every step."""
+    def run(drafter_cls):
+        clock, prompt = Clock(), [3, 141, 59]
+        truth = prompt + plain_greedy(target, prompt, 160)
+        drafter = drafter_cls(truth, target.vocab_size, [8], clock, per_token=1.5)
+        decoder = _fixed_default(target, drafter, clock)
+        result = decoder.generate(prompt, _params(160))
+        assert result.token_ids == truth[len(prompt):]
+        return decoder.controller.slots[0].costly, sum(result.stats.drafted_per_step)
+
+    priced, drafted = run(TimedHead)
+    free, drafted_free = run(TimedDrafter)
+    assert priced and not free
+    assert drafted <= 30 and drafted_free >= 100

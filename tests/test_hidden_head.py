@@ -94,6 +94,21 @@ def test_windows_and_vocabulary():
     assert fit.draft_vocabulary([shard], 3, 10, always=(9,)).tolist() == [2, 4, 9]
 
 
+def test_fit_keeps_to_its_time_budget_and_trains_under_bf16_autocast():
+    """minutes: after three steps `steps` is cut to what fits (a budget no step fits:
+    the minimum of 4), the schedule and the evaluations after the cut follow; bf16
+    autocast keeps float32 weights; the curve counts the answer tokens seen."""
+    target = tiny(2)
+    tokens, hidden = data.answer_with_states(target, [3, 1, 4, 1, 5], 24, ())
+    windows = fit.Windows.of([(tokens, hidden)], depths=2)
+    head = head_for(target)
+    result = fit.fit(head, windows, windows, steps=1000, batch=8, minutes=1e-9, evals=2,
+                     autocast=torch.bfloat16)
+    assert result.steps == 4 and [p["step"] for p in result.curve] == [4]
+    assert result.curve[-1]["tokens"] == 4 * 8
+    assert all(p.dtype == torch.float32 for p in head.parameters())
+
+
 def test_training_sets_only():
     with pytest.raises(ValueError, match="humaneval"):
         data.training_prompts(["gsm8k", "humaneval"])

@@ -87,3 +87,21 @@ def test_two_loads_held_at_once_add_up_with_one_process():
     both = one.plus(one, "auto")
     assert both.total == 2 * one.total
     assert both.predicted_peak == one.predicted_peak + one.total
+
+
+def test_an_eagle3_head_counts_its_files_and_its_kv_cache(tmp_path):
+    """A head's weights (its files) and its one layer's keys and values at the context,
+    in the target's dtype, from its config (ours; speculators' the same)."""
+    import json
+    from specdecode.drafters.eagle import FORMAT
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps({"format": FORMAT, "num_kv_heads": 3,
+                                                  "head_dim": 64}))
+    (head / "model.safetensors").write_bytes(b"x" * 1000)
+    path = str(real.path("smollm2-135m"))
+    plan = memory.memory_plan(LoadSpec(path, backend="torch", drafter="eagle3", head=head,
+                                       max_seq_len=1024, dtype="bfloat16"))
+    parts = {p.name: p.bytes for p in plan.parts}
+    assert parts["head KV cache (1024 tokens)"] == 2 * 3 * 64 * 1024 * 2
+    assert parts["head weights"] == 1000 + len((head / "config.json").read_bytes())

@@ -42,6 +42,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
 def _seed(text: str) -> int:
     value = int(text)
     if not 0 <= value < 2**64:
@@ -161,6 +168,19 @@ def _train_parser(sub) -> None:
                    "decoder layer over three inner layers' states (torch backend)")
     p.add_argument("--context", type=_positive_int, default=256,
                    help="eagle3: prompt positions kept before each answer")
+    p.add_argument("--answer-batch", type=_positive_int, default=1,
+                   help="prompts answered at once (one pass steps them all: on torch, "
+                   "where a batch costs about one step, that many times the tokens/s)")
+    p.add_argument("--val-prompts", type=_positive_int, default=None,
+                   help="validation prompts, answered first (default: 10%% of --prompts)")
+    p.add_argument("--train-minutes", type=_positive_float, default=None,
+                   help="training's time budget (--steps cut to what fits it)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="the training loss in float32 or under bfloat16 autocast "
+                   "(float32 weights; bf16 is ~3x faster on CPUs with AVX-512 BF16 or AMX)")
+    p.add_argument("--collect-minutes", type=_positive_float, default=None,
+                   help="answer no new prompt after this long (the validation prompts "
+                   "come first; the training set is what was answered by then)")
     p = sub.add_parser("export", help="write an eagle3 head in the vLLM speculators format "
                                       "and print the vllm serve command")
     p.add_argument("--head", type=Path, required=True, help="a head trained by train")
@@ -535,7 +555,10 @@ def cmd_train(args) -> int:
     cache = Path.home() / ".cache" / "specdecode" / "train" / f"{path.stem}-{llm.info.backend}"
     options = RunOptions(prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                          steps=args.steps, batch=args.batch, draft_vocab=args.draft_vocab,
-                         drafter=args.drafter, context=args.context)
+                         drafter=args.drafter, context=args.context,
+                         answer_batch=args.answer_batch, collect_minutes=args.collect_minutes,
+                         val_prompts=args.val_prompts, train_minutes=args.train_minutes,
+                         precision=args.precision)
     summary = distil(target, lambda p: llm.encode(p, chat=True), embed, lm_head,
                      llm.decoder.eos_token_ids, cache, args.out, options,
                      report=lambda p: print(f"step {p['step']}: tau {p['tau']:.2f} "

@@ -188,6 +188,10 @@ class LLM:
             costs = measured_costs(models.target.model, draft, info, plan.k, models.files)
         if DRAFTER_RULES[plan.drafter].chooses:
             draft, choice = choose_drafter(costs, draft, plan.k)
+        head = next((d for d in drafters.values() if head_share(models, d)), None)
+        if draft is None and head is not None:  # a trained head: priced by its own size
+            draft = head
+            costs = replace(costs, draft_per_token=head_share(models, head))
         lookup = drafters.get("ngram") or drafters.get("suffix")
         controller = make_controller(costs, lookup, draft)
         info.drafter = "+".join(slot.name for slot in controller.slots)
@@ -330,15 +334,33 @@ def guarded_controller(drafter: Drafter, costs: CostModel) -> Controller:
     in the adaptive engine. As fixed k: the first draft is not a one-token probe
     (probes come after pauses), and a draft model is priced without its catch-up
     (controller.Slot.prices_catchup)."""
-    draft = drafter if _is_draft_model(drafter) else None
+    draft = drafter if is_priced(drafter) else None
     controller = make_controller(costs, None if draft else drafter, draft)
     for slot in controller.slots:
         slot.probing = slot.prices_catchup = False
     return controller
 
 
-def _is_draft_model(drafter: Drafter) -> bool:
-    return getattr(drafter, "draft_model", None) is not None
+def is_priced(drafter: Drafter) -> bool:
+    """Whether the controller prices this drafter's tokens (drafters.base: priced)."""
+    return (getattr(drafter, "draft_model", None) is not None
+            or bool(getattr(drafter, "priced", False)))
+
+
+def head_share(models: LoadedModels, drafter: Drafter) -> float | None:
+    """A trained head's draft token in plain steps, by the weight bytes one head step
+    reads over those of one target step (a torch target's parameters, else its
+    file's; None: not a head). The embedding table is the target's: a step reads
+    one row of it, so it is not counted."""
+    from specdecode.memory import files_bytes
+
+    head, target = getattr(drafter, "head", None), models.target.model
+    if not isinstance(head, torch.nn.Module):
+        return None
+    size = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())  # noqa: E731
+    whole = size(target) if isinstance(target, torch.nn.Module) else files_bytes(
+        models.files[0])
+    return size(head) / max(whole, 1)
 
 
 def flat_prior(models: LoadedModels, drafter: Drafter) -> CostModel:
@@ -349,8 +371,8 @@ def flat_prior(models: LoadedModels, drafter: Drafter) -> CostModel:
     from specdecode.memory import files_bytes
 
     target, draft = models.files
-    share = 0.0
-    if _is_draft_model(drafter) and draft is not None:
+    share = head_share(models, drafter) or 0.0
+    if getattr(drafter, "draft_model", None) is not None and draft is not None:
         share = files_bytes(draft) / max(files_bytes(target), 1)
     return CostModel({1: 1.0, 2: 1.0}, draft_per_token=share)
 

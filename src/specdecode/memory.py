@@ -29,6 +29,7 @@ RSS (`peak_rss_bytes`).
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,6 +136,9 @@ def plan_memory(plan) -> MemoryPlan:
                               int8=plan.draft_quant == "int8")
     if {"hidden-head", "eagle3"} & set(plan.drafters) and spec.head is not None:
         parts.append(Part("head weights", files_bytes(Path(spec.head)), "draft weights"))
+        if "eagle3" in plan.drafters:
+            parts.append(Part(f"head KV cache ({context} tokens)",
+                              _head_cache_bytes(Path(spec.head), context, spec), "kv"))
     parts.append(_activations(plan.target.backend, target_cfg, spec, context, plan.k,
                               drafted=plan.draft is not None))
     copied = [p.bytes for p, backend in zip(parts[::2], _backends(plan))
@@ -156,6 +160,23 @@ def _context(spec: LoadSpec, cfg) -> int:
     if spec.max_seq_len is not None:
         return spec.max_seq_len
     return min(cfg.max_position_embeddings, 8192) if cfg is not None else 8192
+
+
+def _head_cache_bytes(folder: Path, context: int, spec: LoadSpec) -> int:
+    """An EAGLE-3 head's keys and values at `context` positions (drafters/eagle.py:
+    one layer, in the target's dtype on torch), from its config.json in either
+    format (ours, or speculators' transformer_layer_config); 0 where unreadable."""
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    layer = raw.get("transformer_layer_config") or raw
+    kv_heads, head_dim = layer.get("num_key_value_heads", layer.get("num_kv_heads")), layer.get(
+        "head_dim")
+    if not isinstance(kv_heads, int) or not isinstance(head_dim, int):
+        return 0
+    elem = limits.DTYPE_BYTES.get(str(spec.dtype).removeprefix("torch."), 4)
+    return 2 * kv_heads * head_dim * context * elem
 
 
 def _model_parts(role: str, path: Path, backend: str, cfg, spec: LoadSpec, context: int,

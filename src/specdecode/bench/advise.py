@@ -40,6 +40,7 @@ class AdviseOptions:
     ngram_max: int | None = None
     ngram_min: int = 1
     seed: int = 0
+    head: str | None = None  # a trained head's folder: measured as a candidate too
 
 
 def _bench_options(o: AdviseOptions) -> BenchOptions:
@@ -47,12 +48,20 @@ def _bench_options(o: AdviseOptions) -> BenchOptions:
     draft model without confidence stops, on the same load options."""
     return BenchOptions(target=o.target, draft_model=o.draft_model, workloads=o.workloads,
                         limit=o.limit, max_tokens=o.max_tokens,
-                        drafters=["draft-model", "ngram"],
+                        drafters=["draft-model", "ngram"] + _head_row(o.head),
                         draft_k=[o.max_draft_k], ngram_k=[o.max_ngram_k],
                         temperatures=[o.temperature], dtype=o.dtype, device=o.device,
                         backend=o.backend, peers=[], draft_quant=o.draft_quant,
                         draft_confidence=0.0, max_seq_len=o.max_seq_len,
-                        ngram_max=o.ngram_max, ngram_min=o.ngram_min, seed=o.seed)
+                        ngram_max=o.ngram_max, ngram_min=o.ngram_min, seed=o.seed,
+                        head=o.head)
+
+
+def _head_row(head: str | None) -> list[str]:
+    """The drafter of a trained head's row (none without a head): priced by its
+    measured seconds per draft token, as any drafter without a model of its own."""
+    from specdecode.drafters import head_files
+    return [] if head is None else [head_files.kind(head)]
 
 
 def advise(options: AdviseOptions, models=None) -> dict:

@@ -63,11 +63,12 @@ def add_parsers(sub, positive_int, add_load_args) -> None:
     p = sub.add_parser("bench", help="benchmark plain, drafters and peers side by side")
     _common(p, positive_int, add_load_args)
     p.add_argument("--max-tokens", "-n", type=positive_int, default=128)
-    p.add_argument("--drafters", type=_choice_list(("auto", "draft-model", "ngram", "suffix")),
+    p.add_argument("--drafters", type=_choice_list(("auto", "draft-model", "ngram", "suffix",
+                                                     "eagle3", "hidden-head")),
                    default=["auto", "draft-model", "ngram"],
                    help="comma-separated; auto is the shipped default, as `LLM.load` gives it "
                         "(default: auto,draft-model,ngram; suffix: drafters/suffix.py, k as "
-                        "--ngram-k)")
+                        "--ngram-k; eagle3 / hidden-head: the trained head of --head, k as -k)")
     p.add_argument("-k", "--num-speculative-tokens", type=_int_list, default=[8],
                    dest="draft_k", help="k values for the draft model, e.g. 4,8 (default 8)")
     p.add_argument("--ngram-k", type=_int_list, default=[16],

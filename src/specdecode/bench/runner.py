@@ -28,6 +28,7 @@ from specdecode.plan import Facts, Plan, draft_model, resolve
 from specdecode.sampling import SamplingParams
 
 SCHEMA = "specdecode.bench/1"
+HEADS = ("eagle3", "hidden-head")  # drafters that run the trained head of --head
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,10 @@ class Config:
         auto is `base` as given (what a user who sets no drafter options runs); the
         others set their drafter and k, fixed (not adaptive), as labelled."""
         if self.method == "auto":
-            return base
+            return replace(base, head=None)
         drafter = "none" if self.method == "plain" else self.method
-        return replace(base, drafter=drafter, k=self.k, adaptive=False)
+        return replace(base, drafter=drafter, k=self.k, adaptive=False,
+                       head=base.head if self.method in HEADS else None)
 
 
 @dataclass
@@ -87,6 +89,7 @@ class BenchOptions:
     ngram_min: int = 1
     prompt_lookup_k: int = 10
     seed: int = 0
+    head: str | None = None  # a trained head's folder: the eagle3 / hidden-head rows'
 
     @staticmethod
     def load_fields(spec: LoadSpec) -> dict:
@@ -147,6 +150,9 @@ def specdecode_configs(options: BenchOptions, has_draft: bool) -> list[Config]:
     for lookup in ("ngram", "suffix"):
         if lookup in options.drafters:
             configs += [Config("specdecode", lookup, k) for k in options.ngram_k]
+    for head in HEADS:  # a trained head (--head), at each -k as the draft model
+        if head in options.drafters:
+            configs += [Config("specdecode", head, k) for k in options.draft_k]
     return configs
 
 

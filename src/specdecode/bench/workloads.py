@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-NAMES = ("humaneval", "code-edit", "chat", "agent", "random")
+NAMES = ("humaneval", "code-edit", "chat", "agent", "random", "mt-bench", "mbpp")
 
 
 class WorkloadError(ValueError):
@@ -126,6 +126,18 @@ def agent(limit: int | None = 3) -> list[Prompt]:
     return (code + chats)[:limit]
 
 
+def shared_set(name: str, limit: int | None) -> list[Prompt]:
+    """First turns of a measuring set in the shared prompt folder beside the checkout
+    (mt-bench, mbpp: ../shared/data/prompts, `{"turns": [...]}` per line)."""
+    from specdecode.bench.agent import MT_BENCH
+    path = MT_BENCH.with_name(f"{name}.jsonl")
+    if not path.exists():
+        raise WorkloadError(f"the {name} workload reads {path}, which is not there")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [Prompt(name, f"{name}-{i}", _user(row["turns"][0]))
+            for i, row in enumerate(rows[:limit])]
+
+
 def random(limit: int | None = 3, seed: int = 0) -> list[Prompt]:
     prompts = []
     for i in range(limit if limit is not None else 3):
@@ -187,10 +199,11 @@ def load(name_or_path: str, limit: int | None = None) -> list[Prompt]:
     if name and count.isdigit() and not Path(name_or_path).exists():
         name_or_path, limit = name, int(count)
     builders = {"humaneval": humaneval, "code-edit": code_edit, "chat": chat, "agent": agent,
-                "random": random}
+                "random": random, "mt-bench": lambda n: shared_set("mt-bench", n),
+                "mbpp": lambda n: shared_set("mbpp", n)}
     if name_or_path in builders:
         default = {"humaneval": 5, "code-edit": 2, "chat": 5, "agent": 3,
-                   "random": 3}[name_or_path]
+                   "random": 3, "mt-bench": 5, "mbpp": 5}[name_or_path]
         return builders[name_or_path](limit if limit is not None else default)
     if name_or_path.endswith(".jsonl") or Path(name_or_path).exists():
         return from_jsonl(name_or_path, limit)

@@ -148,10 +148,15 @@ class BaseDrafter:
     context_rows: how many past positions' states it reads after a pass
         (TargetOutput.hidden: kept across passes it was not asked in; 0: the last
         pass's accepted positions only). Each pass copies that many rows.
+    priced: its drafts cost compute (a model, a trained head): the controller
+        prices a draft before asking for it and learns the price from the
+        drafter's `timing` (drafters/draft_model.py); False: a lookup, free, judged
+        in hindsight. A drafter with a draft_model is priced whatever this says.
     """
 
     name = "drafter"
     draft_model: CausalLM | None = None
+    priced: bool = False
     hidden_layers: tuple[int, ...] = ()
     context_rows: int = 0
 

@@ -26,6 +26,7 @@ Parameter names are those of the vLLM `speculators` Eagle-3 checkpoint
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ from torch import nn
 
 from specdecode.drafters import head_files
 from specdecode.drafters.base import BaseDrafter, Draft, DraftContext
-from specdecode.drafters.hidden_head import draft_probs
+from specdecode.drafters.hidden_head import draft_probs, head_timing
 from specdecode.models.transformer import RMSNorm, apply_rope, rope_angles
 from specdecode.sampling import sample
 
@@ -277,6 +278,7 @@ class Eagle3Drafter(BaseDrafter):
     the target ids) and return q for the verifier's rejection sampling."""
 
     name = "eagle3"
+    priced = True  # one head step per draft token (timing: as a draft model's)
     # Target states kept across passes it was not asked in (a gap longer than that,
     # e.g. a long run of plain steps, restarts the cache from the rows it has).
     context_rows = 64
@@ -285,6 +287,7 @@ class Eagle3Drafter(BaseDrafter):
         self.head = head.eval()
         self.hidden_layers = tuple(head.config.aux_layers)
         self.cache = Eagle3Cache()
+        self.timing: tuple[int, float, int, float] = (0, 0.0, 0, 0.0)
 
     def states_held(self, ids: Sequence[int]) -> int:
         """How many leading positions of `ids` the cache has entries for (the engine
@@ -306,12 +309,16 @@ class Eagle3Drafter(BaseDrafter):
         if ctx.target is None or ctx.k < 1 or any(
                 i not in ctx.target.hidden for i in self.hidden_layers):
             return Draft.empty()
+        start = time.perf_counter()
         self._catch_up(ctx)
         if self.cache.last_o is None:
             return Draft.empty()
         q_rows: list[torch.Tensor] = []
+        times = [start]
 
         def pick(d: int, logits: torch.Tensor) -> int:  # logits: [Vd]
+            if d == 1:
+                times.append(time.perf_counter())
             if ctx.params.greedy:
                 return int(self.head.draft_ids[logits.argmax()])
             q = draft_probs(logits, self.head.draft_ids, self.head.config.target_vocab_size,
@@ -320,6 +327,7 @@ class Eagle3Drafter(BaseDrafter):
             return sample(q, ctx.generator)
 
         tokens, _ = chain(self.head, self.cache, ctx.k, pick)
+        self.timing = head_timing(start, times[-1], len(tokens))
         return Draft(torch.tensor(tokens, dtype=torch.long),
                      torch.stack(q_rows) if q_rows else None)
 

@@ -33,3 +33,11 @@ def read(folder: str | Path, fmt: str) -> tuple[dict, dict[str, torch.Tensor]]:
     if raw.pop("format", None) != fmt:
         raise ValueError(f"{folder} is not a {fmt} head (config.json's format)")
     return raw, load_file(str(folder / WEIGHTS))
+
+
+def kind(folder: str | Path) -> str:
+    """The drafter that runs the head in `folder`: "hidden-head" for a
+    drafters/hidden_head.py head, else "eagle3" (ours, or the speculators format)."""
+    from specdecode.drafters.hidden_head import FORMAT as HIDDEN_HEAD
+    raw = json.loads((Path(folder) / "config.json").read_text())
+    return "hidden-head" if raw.get("format") == HIDDEN_HEAD else "eagle3"

@@ -21,6 +21,7 @@ d2t/t2d, here as absolute ids). Training: specdecode.train.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -130,9 +131,11 @@ class HiddenHeadDrafter(BaseDrafter):
 
     name = "hidden-head"
     hidden_layers = (FINAL_LAYER,)
+    priced = True  # one head step per draft token (timing: as a draft model's)
 
     def __init__(self, head: HiddenStateHead) -> None:
         self.head = head.eval()
+        self.timing: tuple[int, float, int, float] = (0, 0.0, 0, 0.0)
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> Draft:
@@ -142,7 +145,10 @@ class HiddenHeadDrafter(BaseDrafter):
         feature = ctx.target.hidden[FINAL_LAYER][-1:]  # [1, H]
         token = torch.tensor([ctx.tokens[-1]])  # [1] int64
         tokens, q_rows = [], []
-        for _ in range(ctx.k):
+        start = first = time.perf_counter()
+        for i in range(ctx.k):
+            if i == 1:
+                first = time.perf_counter()
             feature, logits = self.head.step(feature, token)
             if ctx.params.greedy:
                 token = self.head.d2t[logits[0].argmax()].view(1)
@@ -152,8 +158,16 @@ class HiddenHeadDrafter(BaseDrafter):
                 token = torch.tensor([sample(q, ctx.generator)])
                 q_rows.append(q)
             tokens.append(int(token))
+        self.timing = head_timing(start, first, len(tokens))
         return Draft(torch.tensor(tokens, dtype=torch.long),
                      torch.stack(q_rows) if q_rows else None)
+
+
+def head_timing(start: float, first: float, n: int) -> tuple[int, float, int, float]:
+    """A head's proposal cost in a draft model's `timing` form: (1 token fed, the first
+    step's seconds with its catch-up, the n - 1 steps after it, their seconds)."""
+    now = time.perf_counter()
+    return (1, (first if n > 1 else now) - start, n - 1, now - first if n > 1 else 0.0)
 
 
 def draft_probs(logits: torch.Tensor,  # [Vd] a head's logits over its draft vocabulary

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -117,6 +118,132 @@ def answer_with_context(target, prompt_ids: Sequence[int], max_new_tokens: int,
             "start": torch.tensor([s])}
 
 
+@dataclass
+class _Answer:
+    """One prompt being answered in a batch: its handle (a sequence of the
+    target), ids, the kept prompt states (eagle3: [P - s, LH]), and the greedy
+    tokens so far with the states that scored each ([LH] float32)."""
+
+    index: int
+    handle: object
+    prompt: list[int]
+    start: int
+    head: torch.Tensor | None
+    tokens: list[int] = field(default_factory=list)
+    states: list[torch.Tensor] = field(default_factory=list)
+    done: bool = False
+
+    def take(self, out, layers: tuple[int, ...], stop: set[int], max_new_tokens: int) -> None:
+        """Append the greedy token of a pass's last row and the state that scored it."""
+        token = int(out.logits[-1].argmax())
+        self.tokens.append(token)
+        self.states.append(torch.cat([out.hidden_states[i][-1].float() for i in layers]))
+        self.done = (token in stop or len(self.tokens) >= max_new_tokens
+                     or self.handle.cached_len + 1 >= self.handle.max_seq_len)
+
+    def shard(self) -> dict[str, torch.Tensor]:
+        """The shard's tensors: eagle3's (answer_with_context) when prompt states
+        were kept, else the hidden head's (answer_with_states)."""
+        states = torch.stack(self.states)
+        if self.head is None:
+            return {"tokens": torch.tensor(self.tokens, dtype=torch.long),
+                    "hidden": states.half()}
+        return {"ids": torch.tensor(self.prompt[self.start:] + self.tokens, dtype=torch.long),
+                "aux": torch.cat((self.head[:-1], states)).half(),
+                "answer_start": torch.tensor([len(self.prompt) - self.start]),
+                "start": torch.tensor([self.start])}
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How collect_batched answers: `size` prompts at once (one pass steps them
+    all: on a backend whose batched passes cost about one plain step that is
+    ~size times the tokens/s), the states of `layers`, `context` prompt positions
+    kept before each answer (None: a hidden-head shard, no prompt states), and a
+    deadline (time.monotonic(); no new prompt is started after it)."""
+
+    size: int
+    layers: tuple[int, ...] = (FINAL_LAYER,)
+    context: int | None = None
+    deadline: float | None = None
+
+
+def _open_answer(target, handle, index: int, ids: list[int], plan: BatchPlan,
+                 stop: set[int], max_new_tokens: int) -> _Answer | None:
+    """Prefill a prompt on its handle and take its first token (None: no room)."""
+    eagle = plan.context is not None
+    if len(ids) + 1 >= target.max_seq_len or (eagle and len(ids) < 2):
+        return None
+    out = handle.prefill(torch.tensor(ids), hidden_layers=plan.layers, hidden_all=eagle)
+    start = max(0, len(ids) - plan.context) if eagle else 0
+    head = (torch.cat([out.hidden_states[i][start:].float() for i in plan.layers], -1)
+            if eagle else None)
+    answer = _Answer(index, handle, ids, start, head)
+    answer.take(out, plan.layers, stop, max_new_tokens)
+    return answer
+
+
+@torch.no_grad()
+def collect_batched(target, encode: Callable[[str], list[int]], prompts: Sequence[str],
+                    out_dir: str | Path, plan: BatchPlan, *, max_new_tokens: int = 256,
+                    stop_ids: Iterable[int] = (), order: Sequence[int] | None = None,
+                    progress: bool = True) -> list[Path]:
+    """collect's shards, `plan.size` prompts answered at once: each prompt runs on a
+    sequence handle of the target (target.sequence(i)) and every pass steps all
+    open answers by one greedy token (target.forward_many). Greedy as alone up to
+    the rounding of a pass of another shape (a near-tie can go the other way: the
+    answer is still the target's own). order: which prompts first (default: in
+    turn); prompts not reached by plan.deadline get no shard. Returns all paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{i:06d}.safetensors" for i in range(len(prompts))]
+    todo = iter([i for i in (order or range(len(prompts))) if not paths[i].is_file()])
+    free, open_, stop = [target.sequence(i) for i in range(plan.size)], [], set(stop_ids)
+    with _progress(progress, sum(not p.is_file() for p in paths)) as advance:
+        while True:
+            while free and (plan.deadline is None or time.monotonic() < plan.deadline):
+                i = next(todo, None)
+                if i is None:
+                    break
+                answer = _open_answer(target, free[-1], i, encode(prompts[i]), plan, stop,
+                                      max_new_tokens)
+                if answer is None:
+                    _write(paths[i], _empty_shard(plan))
+                    advance(0)
+                    continue
+                free.pop()
+                open_.append(answer)
+            if not open_:
+                return paths
+            running = [a for a in open_ if not a.done]
+            if running:
+                outs = target.forward_many([(a.handle, torch.tensor(a.tokens[-1:]))
+                                            for a in running], last_n=1,
+                                           hidden_layers=plan.layers)
+                for a, out in zip(running, outs):
+                    a.take(out, plan.layers, stop, max_new_tokens)
+            for a in [a for a in open_ if a.done]:
+                _write(paths[a.index], a.shard())
+                advance(len(a.tokens))
+                open_.remove(a)
+                free.append(a.handle)
+
+
+def _empty_shard(plan: BatchPlan) -> dict[str, torch.Tensor]:
+    if plan.context is None:
+        return {"tokens": torch.zeros(0, dtype=torch.long), "hidden": torch.zeros(0, 0).half()}
+    return {"ids": torch.zeros(1, dtype=torch.long), "aux": torch.zeros(0, 0).half(),
+            "answer_start": torch.tensor([1]), "start": torch.tensor([0])}
+
+
+def _write(path: Path, shard: dict[str, torch.Tensor]) -> None:
+    """Write a shard under a temporary name, then rename it (a killed run resumes)."""
+    from safetensors.torch import save_file
+    tmp = path.with_suffix(".part")
+    save_file(shard, str(tmp))
+    tmp.rename(path)
+
+
 def collect(target, encode: Callable[[str], list[int]], prompts: Sequence[str],
             out_dir: str | Path, *, max_new_tokens: int = 256, stop_ids: Iterable[int] = (),
             progress: bool = True,
@@ -126,7 +253,6 @@ def collect(target, encode: Callable[[str], list[int]], prompts: Sequence[str],
     shards, skipping shards already written; returns all shard paths in order.
     answer: ids -> the shard's tensors (default: a hidden-head shard, `tokens` and
     `hidden` of answer_with_states)."""
-    from safetensors.torch import save_file
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{i:06d}.safetensors" for i in range(len(prompts))]
@@ -140,14 +266,11 @@ def collect(target, encode: Callable[[str], list[int]], prompts: Sequence[str],
     answer = answer or hidden_head_shard
     with _progress(progress, len(todo)) as advance:
         for i in todo:
-            started = time.perf_counter()
             shard = answer(encode(prompts[i]))
-            tmp = paths[i].with_suffix(".part")
-            save_file(shard, str(tmp))
-            tmp.rename(paths[i])
+            _write(paths[i], shard)
             n = len(shard["tokens"]) if "tokens" in shard else int(
                 len(shard["ids"]) - shard["answer_start"][0])
-            advance(n, time.perf_counter() - started)
+            advance(n)
     return paths
 
 
@@ -162,26 +285,29 @@ def load_shards(paths: Sequence[Path]) -> list[tuple[torch.Tensor, torch.Tensor]
 
 
 class _progress:
-    """A rich progress bar over prompts with answer tokens/s (nothing when off)."""
+    """A rich progress bar over prompts with answer tokens/s over the wall time since
+    it started (nothing when off)."""
 
     def __init__(self, on: bool, total: int) -> None:
-        self.on, self.total, self.tokens, self.seconds = on, total, 0, 0.0
+        self.on, self.total, self.tokens = on, total, 0
+        self.started = time.perf_counter()
 
-    def __enter__(self) -> Callable[[int, float], None]:
+    def __enter__(self) -> Callable[[int], None]:
         if not self.on:
-            return lambda n, s: None
+            return lambda n: None
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
         self.bar = Progress(TextColumn("collecting answers"), BarColumn(),
                             TextColumn("{task.completed}/{task.total} prompts"),
                             TextColumn("{task.fields[rate]}"), TimeRemainingColumn())
         self.task = self.bar.add_task("collect", total=self.total, rate="")
         self.bar.start()
+        self.started = time.perf_counter()
         return self._advance
 
-    def _advance(self, n: int, seconds: float) -> None:
-        self.tokens, self.seconds = self.tokens + n, self.seconds + seconds
-        self.bar.update(self.task, advance=1,
-                        rate=f"{self.tokens / max(self.seconds, 1e-9):.1f} tok/s")
+    def _advance(self, n: int) -> None:
+        self.tokens += n
+        rate = self.tokens / max(time.perf_counter() - self.started, 1e-9)
+        self.bar.update(self.task, advance=1, rate=f"{self.tokens} tokens, {rate:.1f} tok/s")
 
     def __exit__(self, *exc: object) -> None:
         if self.on:

@@ -100,6 +100,11 @@ class Sequences:
     def __len__(self) -> int:
         return len(self.shards)
 
+    @property
+    def answer_tokens(self) -> int:
+        """Answer tokens of these windows (the positions the loss scores)."""
+        return sum(int(len(s.ids) - s.answer_start) for s in self.shards)
+
     def sample(self, gen: torch.Generator, batch: int) -> Sequences:
         """Windows drawn at random until about `batch` entries (at least one)."""
         picked, rows = [], 0

@@ -66,6 +66,11 @@ class Windows:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @property
+    def answer_tokens(self) -> int:
+        """Training positions in this set (one per window)."""
+        return len(self.tokens)
+
     def sample(self, gen: torch.Generator, batch: int) -> Windows:
         """`batch` windows drawn at random (with replacement)."""
         pick = torch.randint(len(self), (min(batch, len(self)),), generator=gen)
@@ -142,39 +147,62 @@ class TrainResult:
 
 
 def fit(head, train, val, *, steps: int, batch: int = 256, lr: float = 1e-3,
-        evals: int = 5, seed: int = 0,
+        evals: int = 5, seed: int = 0, minutes: float | None = None,
+        autocast: torch.dtype | None = None,
         report: Callable[[dict], None] | None = None) -> TrainResult:
     """AdamW on the unrolled loss over `steps` random batches of `train`, with a
     cosine learning rate; the validation acceptance `evals` times along the way.
     train / val: Windows (a HiddenStateHead) or eagle_fit.Sequences (an Eagle3Head):
-    `sample(gen, batch)`, `.loss(head, t2d)`, `.acceptance(head)`."""
+    `sample(gen, batch)`, `.loss(head, t2d)`, `.acceptance(head)`, `answer_tokens`.
+    minutes: a time budget: after the first steps, `steps` is cut to what fits it
+    (the schedule follows). autocast: the loss in that dtype on the head's device
+    type (torch.autocast; the weights and the optimiser stay float32)."""
     t2d = target_to_draft(head.draft_ids, head.config.target_vocab_size)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    total = [steps]
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps) / max(1, steps))))
+        opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total[0]) / max(1, total[0]))))
     gen, result, start = torch.Generator().manual_seed(seed), TrainResult(), time.perf_counter()
-    at = {round(steps * (i + 1) / evals) for i in range(evals)}
+    device = params[0].device.type
+    step, seen, at = 0, 0, _eval_steps(steps, evals)
     head.train()
-    for step in range(1, steps + 1):
-        loss = train.sample(gen, batch).loss(head, t2d)
+    while step < total[0]:
+        step += 1
+        sample = train.sample(gen, batch)
+        with torch.autocast(device, dtype=autocast or torch.bfloat16,
+                            enabled=autocast is not None):
+            loss = sample.loss(head, t2d)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
-        if step in at:
-            head.eval()
-            acc = val.acceptance(head)
-            head.train()
-            point = {"step": step, "windows": step * batch, "loss": loss.item(),
-                     "accept": acc, "tau": 1 + sum(acc)}
-            result.curve.append(point)
+        seen += sample.answer_tokens
+        if minutes is not None and step == 3:
+            total[0] = max(4, min(steps, int(60 * minutes / ((time.perf_counter() - start) / 3))))
+            at = _eval_steps(total[0], evals)
+        if step in at or step == total[0]:
+            result.curve.append(_evaluate(head, val, step, seen, loss.item(), batch))
             if report:
-                report(point)
+                report(result.curve[-1])
     head.eval()
-    result.steps, result.seconds = steps, time.perf_counter() - start
+    result.steps, result.seconds = total[0], time.perf_counter() - start
     return result
+
+
+def _eval_steps(steps: int, evals: int) -> set[int]:
+    return {round(steps * (i + 1) / evals) for i in range(evals)}
+
+
+def _evaluate(head, val, step: int, tokens: int, loss: float, batch: int) -> dict:
+    """One point of the learning curve: validation acceptance per depth and tau after
+    `tokens` answer tokens seen in training."""
+    head.eval()
+    acc = val.acceptance(head)
+    head.train()
+    return {"step": step, "windows": step * batch, "tokens": tokens, "loss": loss,
+            "accept": acc, "tau": 1 + sum(acc)}
 
 
 def new_head(embed: torch.Tensor,  # [V, H] the target's embedding table

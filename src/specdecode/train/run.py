@@ -4,7 +4,7 @@ The prompts are split before anything is collected: the last `val_share` of
 them answer the validation shards the run reports acceptance on (never
 trained on). Shards live in `cache / "greedy"`, so a killed or repeated run
 reuses the answers it has. The head folder gets the head (HiddenStateHead.save),
-`summary.json` and `curve.png` (expected tau against training windows seen).
+`summary.json` and `curve.png` (expected tau against answer tokens seen in training).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from specdecode.drafters.eagle import Eagle3Config
+from specdecode.models.base import FINAL_LAYER
 from specdecode.train import data, eagle_fit, fit
 
 
@@ -38,6 +39,11 @@ class RunOptions:
     val_share: float = 0.1
     drafter: str = "hidden-head"  # or "eagle3" (torch targets: inner layers' states)
     context: int = 256  # eagle3: prompt positions before each answer kept in its window
+    answer_batch: int = 1  # prompts answered at once (data.collect_batched)
+    collect_minutes: float | None = None  # no new prompt answered after this long
+    val_prompts: int | None = None  # validation prompts (None: val_share of them)
+    train_minutes: float | None = None  # training's time budget (fit.fit minutes)
+    precision: str = "fp32"  # or "bf16": the loss under torch.autocast (fit.fit)
 
 
 def prompt_set(n: int) -> list[str]:
@@ -67,21 +73,17 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
     """Train a head for `target` (a CausalLM exposing the states the head reads) and
     save it to out: a HiddenStateHead, or with options.drafter "eagle3" an Eagle3Head."""
     prompts = prompt_set(options.prompts)
-    n_val = max(1, round(len(prompts) * options.val_share))
+    n_val = options.val_prompts or max(1, round(len(prompts) * options.val_share))
     start = time.perf_counter()
     eagle = options.drafter == "eagle3"
-    if eagle:
-        layers = Eagle3Config.default_layers(target.config.num_layers)
-        folder = cache / f"eagle3-{'-'.join(map(str, layers))}-ctx{options.context}"
-        answer = lambda ids: data.answer_with_context(  # noqa: E731
-            target, ids, options.max_new_tokens, stop_ids, layers, options.context)
-    else:
-        folder, answer = cache / "greedy", None
-    paths = data.collect(target, encode, prompts, folder, max_new_tokens=options.max_new_tokens,
-                         stop_ids=stop_ids, progress=progress, answer=answer)
+    layers = Eagle3Config.default_layers(target.config.num_layers) if eagle else (FINAL_LAYER,)
+    folder = (cache / f"eagle3-{'-'.join(map(str, layers))}-ctx{options.context}" if eagle
+              else cache / "greedy")
+    paths = _collect(target, encode, prompts, folder, n_val, layers, stop_ids, options,
+                     progress)
     collect_s = time.perf_counter() - start
     if eagle:
-        train = eagle_fit.load_windows(paths[:-n_val])
+        train = eagle_fit.load_windows(_existing(paths[:-n_val]))
         answers = [(w.ids[w.answer_start:], None) for w in train]
         d2t = fit.draft_vocabulary(answers, options.draft_vocab, embed.shape[0], always=stop_ids)
         head = eagle_fit.new_head(embed, lm_head.float(), d2t, target.config, layers)
@@ -89,17 +91,19 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
         wv = eagle_fit.Sequences(eagle_fit.load_windows(paths[-n_val:]), options.depths)
         tokens = sum(len(a) for a, _ in answers)
     else:
-        train, val = data.load_shards(paths[:-n_val]), data.load_shards(paths[-n_val:])
+        train = data.load_shards(_existing(paths[:-n_val]))
+        val = data.load_shards(paths[-n_val:])
         d2t = fit.draft_vocabulary(train, options.draft_vocab, embed.shape[0], always=stop_ids)
         head = fit.new_head(embed, lm_head.float(), d2t)
         wt, wv = fit.Windows.of(train, options.depths), fit.Windows.of(val, options.depths)
         tokens = int(sum(len(t) for t, _ in train))
     untrained = wv.acceptance(head)
     result = fit.fit(head, wt, wv, steps=options.steps, batch=options.batch, lr=options.lr,
-                     evals=8, report=report)
+                     evals=8, report=report, minutes=options.train_minutes,
+                     autocast=torch.bfloat16 if options.precision == "bf16" else None)
     head.save(out)
     summary = {"drafter": options.drafter, "prompts": len(prompts), "validation_prompts": n_val,
-               "train_tokens": int(tokens), "train_windows": len(wt),
+               "train_tokens": int(tokens), "train_windows": len(wt), "steps": result.steps,
                "collect_s": collect_s, "train_s": result.seconds,
                "untrained_accept": untrained, "accept": result.curve[-1]["accept"],
                "tau": result.tau, "curve": result.curve, "options": vars(options)}
@@ -108,14 +112,43 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
     return summary
 
 
+def _collect(target, encode: Callable[[str], list[int]], prompts: list[str], folder: Path,
+             n_val: int, layers: tuple[int, ...], stop_ids: tuple[int, ...],
+             options: RunOptions, progress: bool) -> list[Path]:
+    """The shards of every prompt (data.collect), or answered options.answer_batch at
+    a time within options.collect_minutes, the validation prompts first (data.
+    collect_batched: the training prompts not reached get no shard)."""
+    eagle = options.drafter == "eagle3"
+    if options.answer_batch <= 1 and options.collect_minutes is None:
+        answer = (lambda ids: data.answer_with_context(  # noqa: E731
+            target, ids, options.max_new_tokens, stop_ids, layers, options.context)
+            ) if eagle else None
+        return data.collect(target, encode, prompts, folder,
+                            max_new_tokens=options.max_new_tokens, stop_ids=stop_ids,
+                            progress=progress, answer=answer)
+    deadline = (None if options.collect_minutes is None
+                else time.monotonic() + 60 * options.collect_minutes)
+    plan = data.BatchPlan(options.answer_batch, layers, options.context if eagle else None,
+                          deadline)
+    n = len(prompts)
+    order = list(range(n - n_val, n)) + list(range(n - n_val))
+    return data.collect_batched(target, encode, prompts, folder, plan,
+                                max_new_tokens=options.max_new_tokens, stop_ids=stop_ids,
+                                order=order, progress=progress)
+
+
+def _existing(paths: list[Path]) -> list[Path]:
+    return [p for p in paths if p.is_file()]
+
+
 def plot_curve(curve: list[dict], path: Path) -> None:
-    """Expected tau (validation) against training windows seen, as a PNG."""
+    """Expected tau (validation) against answer tokens seen in training, as a PNG."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot([p["windows"] for p in curve], [p["tau"] for p in curve], marker="o")
-    ax.set_xlabel("training windows seen")
+    ax.plot([p["tokens"] for p in curve], [p["tau"] for p in curve], marker="o")
+    ax.set_xlabel("answer tokens seen in training")
     ax.set_ylabel("expected tau (validation)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
