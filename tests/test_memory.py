@@ -93,6 +93,7 @@ def test_an_eagle3_head_counts_its_files_and_its_kv_cache(tmp_path):
     """A head's weights (its files) and its one layer's keys and values at the context,
     in the target's dtype, from its config (ours; speculators' the same)."""
     import json
+
     from specdecode.drafters.eagle import FORMAT
     head = tmp_path / "head"
     head.mkdir()
