@@ -312,3 +312,32 @@ class _progress:
     def __exit__(self, *exc: object) -> None:
         if self.on:
             self.bar.stop()
+
+
+class StepBar:
+    """A rich progress bar over training steps with answer tokens/s and the time
+    left (nothing when off); its callable is fit.fit's on_step."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+
+    def __enter__(self) -> Callable[[int, int, int], None] | None:
+        if not self.on:
+            return None
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+        self.bar = Progress(TextColumn("training"), BarColumn(),
+                            TextColumn("{task.completed}/{task.total} steps"),
+                            TextColumn("{task.fields[rate]}"), TimeRemainingColumn())
+        self.task = self.bar.add_task("train", total=None, rate="")
+        self.bar.start()
+        self.started = time.perf_counter()
+        return self._advance
+
+    def _advance(self, step: int, total: int, seen: int) -> None:
+        rate = seen / max(time.perf_counter() - self.started, 1e-9)
+        self.bar.update(self.task, completed=step, total=total,
+                        rate=f"{seen} tokens seen, {rate:.0f} tok/s")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.on:
+            self.bar.stop()

@@ -149,14 +149,16 @@ class TrainResult:
 def fit(head, train, val, *, steps: int, batch: int = 256, lr: float = 1e-3,
         evals: int = 5, seed: int = 0, minutes: float | None = None,
         autocast: torch.dtype | None = None,
-        report: Callable[[dict], None] | None = None) -> TrainResult:
+        report: Callable[[dict], None] | None = None,
+        on_step: Callable[[int, int, int], None] | None = None) -> TrainResult:
     """AdamW on the unrolled loss over `steps` random batches of `train`, with a
     cosine learning rate; the validation acceptance `evals` times along the way.
     train / val: Windows (a HiddenStateHead) or eagle_fit.Sequences (an Eagle3Head):
     `sample(gen, batch)`, `.loss(head, t2d)`, `.acceptance(head)`, `answer_tokens`.
     minutes: a time budget: after the first steps, `steps` is cut to what fits it
     (the schedule follows). autocast: the loss in that dtype on the head's device
-    type (torch.autocast; the weights and the optimiser stay float32)."""
+    type (torch.autocast; the weights and the optimiser stay float32). on_step:
+    called after each step with (step, steps planned now, answer tokens seen)."""
     t2d = target_to_draft(head.draft_ids, head.config.target_vocab_size)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
@@ -182,6 +184,8 @@ def fit(head, train, val, *, steps: int, batch: int = 256, lr: float = 1e-3,
         if minutes is not None and step == 3:
             total[0] = max(4, min(steps, int(60 * minutes / ((time.perf_counter() - start) / 3))))
             at = _eval_steps(total[0], evals)
+        if on_step:
+            on_step(step, total[0], seen)
         if step in at or step == total[0]:
             result.curve.append(_evaluate(head, val, step, seen, loss.item(), batch))
             if report:

@@ -98,9 +98,11 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
         wt, wv = fit.Windows.of(train, options.depths), fit.Windows.of(val, options.depths)
         tokens = int(sum(len(t) for t, _ in train))
     untrained = wv.acceptance(head)
-    result = fit.fit(head, wt, wv, steps=options.steps, batch=options.batch, lr=options.lr,
-                     evals=8, report=report, minutes=options.train_minutes,
-                     autocast=torch.bfloat16 if options.precision == "bf16" else None)
+    with data.StepBar(progress) as on_step:
+        result = fit.fit(head, wt, wv, steps=options.steps, batch=options.batch,
+                         lr=options.lr, evals=8, report=report,
+                         minutes=options.train_minutes, on_step=on_step,
+                         autocast=torch.bfloat16 if options.precision == "bf16" else None)
     head.save(out)
     summary = {"drafter": options.drafter, "prompts": len(prompts), "validation_prompts": n_val,
                "train_tokens": int(tokens), "train_windows": len(wt), "steps": result.steps,
