@@ -50,6 +50,10 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
     (["generate", "hi", "--draft-confidence", "1.5"], ["--draft-confidence"]),
     (["generate", "hi", "--device", "nonsense"], ["--device"]),
     (["generate", b"\xff\xfe bad bytes", "-m", "smollm2-135m"], ["not valid UTF-8"]),
+    (["train", "--out", "/tmp/x", "--collect-minutes", "0"], ["--collect-minutes", "> 0"]),
+    (["train", "--out", "/tmp/x", "--train-minutes", "inf"], ["--train-minutes"]),
+    (["train", "--out", "/tmp/x", "--precision", "fp16"], ["--precision", "invalid choice"]),
+    (["train", "--out", "/tmp/x", "--answer-batch", "0"], ["--answer-batch", ">= 1"]),
 ])
 def test_bad_input_is_one_clean_line(args, needles):
     assert_clean_error(run(*args), *needles)
