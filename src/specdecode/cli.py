@@ -171,6 +171,9 @@ def _train_parser(sub) -> None:
     p.add_argument("--answer-batch", type=_positive_int, default=1,
                    help="prompts answered at once (one pass steps them all: on torch, "
                    "where a batch costs about one step, that many times the tokens/s)")
+    p.add_argument("--lr", type=_positive_float, default=1e-3,
+                   help="AdamW's peak learning rate (cosine schedule); an eagle3 head on a "
+                   "1.5B target wants ~2e-4 (1e-3 collapsed to one token here)")
     p.add_argument("--val-prompts", type=_positive_int, default=None,
                    help="validation prompts, answered first (default: 10%% of --prompts)")
     p.add_argument("--train-minutes", type=_positive_float, default=None,
@@ -558,6 +561,7 @@ def cmd_train(args) -> int:
                          drafter=args.drafter, context=args.context,
                          answer_batch=args.answer_batch, collect_minutes=args.collect_minutes,
                          val_prompts=args.val_prompts, train_minutes=args.train_minutes,
+                         lr=args.lr,
                          precision=args.precision)
     summary = distil(target, lambda p: llm.encode(p, chat=True), embed, lm_head,
                      llm.decoder.eos_token_ids, cache, args.out, options,

@@ -89,6 +89,29 @@ def load_windows(paths: Sequence) -> list[Shard]:
     return out
 
 
+def input_scale(shards: Sequence[Shard]) -> torch.Tensor:  # -> [LH]
+    """Per aux column, 1 / its root mean square over the windows' rows. A target's
+    inner states carry a few columns thousands of times larger than the rest
+    (4416 against a mean of 1 on the default target), which made fc's Adam steps
+    swamp its output: training reads aux * scale, and fold_scale puts the scale
+    into fc afterwards, so the saved head reads the target's raw states."""
+    squares = sum((w.aux.double() ** 2).sum(0) for w in shards)
+    rows = sum(w.aux.shape[0] for w in shards)
+    return (squares / max(rows, 1)).sqrt().clamp(min=1e-3).reciprocal().float()
+
+
+def scale_windows(shards: Sequence[Shard], scale: torch.Tensor) -> None:  # scale: [LH]
+    """aux *= scale in place (what the head trains on: input_scale)."""
+    for w in shards:
+        w.aux.mul_(scale)
+
+
+def fold_scale(head: Eagle3Head, scale: torch.Tensor) -> None:  # scale: [LH]
+    """fc(aux * scale) == fc'(aux): scale fc's input columns by `scale`."""
+    with torch.no_grad():
+        head.fc.weight.mul_(scale.to(head.fc.weight.dtype)[None, :])
+
+
 @dataclass
 class Sequences:
     """A set of windows for fit.fit: `sample` draws windows, `loss` and

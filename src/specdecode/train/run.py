@@ -89,6 +89,8 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
         head = eagle_fit.new_head(embed, lm_head.float(), d2t, target.config, layers)
         wt = eagle_fit.Sequences(train, options.depths)
         wv = eagle_fit.Sequences(eagle_fit.load_windows(paths[-n_val:]), options.depths)
+        scale = eagle_fit.input_scale(train)
+        eagle_fit.scale_windows(wt.shards + wv.shards, scale)
         tokens = sum(len(a) for a, _ in answers)
     else:
         train = data.load_shards(_existing(paths[:-n_val]))
@@ -103,6 +105,8 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
                          lr=options.lr, evals=8, report=report,
                          minutes=options.train_minutes, on_step=on_step,
                          autocast=torch.bfloat16 if options.precision == "bf16" else None)
+    if eagle:
+        eagle_fit.fold_scale(head, scale)  # the saved head reads raw states
     head.save(out)
     summary = {"drafter": options.drafter, "prompts": len(prompts), "validation_prompts": n_val,
                "train_tokens": int(tokens), "train_windows": len(wt), "steps": result.steps,
