@@ -414,3 +414,23 @@ def test_batched_collection_stops_at_the_deadline(tmp_path):
     paths = data.collect_batched(target, lambda p: [1, 2, 3], ["a", "b", "c"], tmp_path,
                                  plan, max_new_tokens=4, progress=False)
     assert not any(p.is_file() for p in paths)
+
+
+def test_training_scale_folds_into_fc():
+    """input_scale brings every aux column to unit RMS (a column 1000x the others
+    included); after fold_scale the head on raw states gives the logits the
+    training head gave on scaled ones."""
+    target = tiny(9)
+    head = eagle_for(target)
+    torch.manual_seed(1)
+    aux = torch.randn(12, head.fc.in_features)
+    aux[:, 3] *= 1000
+    shard = eagle_fit.Shard(aux.clone(), torch.randint(0, 50, (13,)), 2, 0)
+    scale = eagle_fit.input_scale([shard])
+    eagle_fit.scale_windows([shard], scale)
+    assert torch.allclose(shard.aux.pow(2).mean(0), torch.ones(aux.shape[1]), atol=1e-4)
+    trained = eagle_fit.unrolled_logits(head, shard.aux, shard.ids, 0, 2)
+    eagle_fit.fold_scale(head, scale)
+    raw = eagle_fit.unrolled_logits(head, aux, shard.ids, 0, 2)
+    for a, b in zip(trained, raw):
+        assert torch.allclose(a, b, atol=1e-3)
