@@ -244,9 +244,10 @@ def test_bench_rows_are_specs():
                                                                    adaptive=False)
     row = resolve(Config("specdecode", "ngram", 16).spec(base), facts())
     assert (row.k, row.ngram_max, row.adaptive) == (16, 4, False)
+    # head is bench-wide (--head) but reaches only the head rows (test_bench)
     assert BenchOptions.load_fields(base) == {f.name: getattr(base, f.name) for f in
                                               fields(LoadSpec) if f.name not in
-                                              ("drafter", "k", "adaptive", "head")}
+                                              ("drafter", "k", "adaptive")}
 
 
 # -- building a plan (tiny random models, torch) -----------------------------------------

@@ -58,7 +58,7 @@ class Config:
         auto is `base` as given (what a user who sets no drafter options runs); the
         others set their drafter and k, fixed (not adaptive), as labelled."""
         if self.method == "auto":
-            return replace(base, head=None)
+            return base if base.head is None else replace(base, head=None)
         drafter = "none" if self.method == "plain" else self.method
         return replace(base, drafter=drafter, k=self.k, adaptive=False,
                        head=base.head if self.method in HEADS else None)
