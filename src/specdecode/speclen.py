@@ -105,7 +105,9 @@ def best_length(
     for length in range(1, k + 1):
         survive *= acceptance[length - 1] if length <= len(acceptance) else 0.0
         expected += survive
-        rate = expected / (costs.c(length + 1) + length * per_draft + overhead)
+        # A step costs something: an online curve whose observed passes timed ~0 s
+        # (seen once, in test_cli's compare-plain run: ZeroDivisionError) must not crash.
+        rate = expected / max(costs.c(length + 1) + length * per_draft + overhead, 1e-9)
         if rate > best_rate + 1e-9:
             best, best_rate = length, rate
     return best, best_rate
