@@ -188,10 +188,10 @@ class LLM:
             costs = measured_costs(models.target.model, draft, info, plan.k, models.files)
         if DRAFTER_RULES[plan.drafter].chooses:
             draft, choice = choose_drafter(costs, draft, plan.k)
-        head = next((d for d in drafters.values() if head_share(models, d)), None)
-        if draft is None and head is not None:  # a trained head: priced by its own size
-            draft = head
-            costs = replace(costs, draft_per_token=head_share(models, head))
+        heads = [(d, share) for d in drafters.values() if (share := head_share(models, d))]
+        if draft is None and heads:  # a trained head: priced by its own size
+            draft, share = heads[0]
+            costs = replace(costs, draft_per_token=share)
         lookup = drafters.get("ngram") or drafters.get("suffix")
         controller = make_controller(costs, lookup, draft)
         info.drafter = "+".join(slot.name for slot in controller.slots)

@@ -106,16 +106,22 @@ def answer_with_context(target, prompt_ids: Sequence[int], max_new_tokens: int,
     start [1]: s, the window's first position. Empty (T = 0) when no room."""
     layers, prompt = tuple(layers), list(prompt_ids)
     if len(prompt) + 1 >= target.max_seq_len or len(prompt) < 2:
-        return {"ids": torch.zeros(1, dtype=torch.long), "aux": torch.zeros(0, 0).half(),
-                "answer_start": torch.tensor([1]), "start": torch.tensor([0])}
+        return _empty_shard(context)
     out = target.prefill(torch.tensor(prompt), hidden_layers=layers, hidden_all=True)
     s = max(0, len(prompt) - context)
     head = torch.cat([out.hidden_states[i][s:].float() for i in layers], -1)  # [P - s, LH]
     tokens, states = _greedy(target, out, max_new_tokens, set(stop_ids), layers)
-    aux = torch.cat((head[:-1], torch.stack(states)))  # states of x_s .. x_{P+n-2}
-    ids = torch.tensor(prompt[s:] + tokens, dtype=torch.long)
-    return {"ids": ids, "aux": aux.half(), "answer_start": torch.tensor([len(prompt) - s]),
-            "start": torch.tensor([s])}
+    return _context_shard(prompt, s, head, tokens, torch.stack(states))
+
+
+def _context_shard(prompt: list[int], s: int, head: torch.Tensor,  # [P - s, LH]
+                   tokens: list[int], states: torch.Tensor,  # [n, LH]
+                   ) -> dict[str, torch.Tensor]:
+    """answer_with_context's tensors from the prompt states kept from position s and
+    the answer's tokens with the states that scored them."""
+    aux = torch.cat((head[:-1], states))  # states of x_s .. x_{P+n-2}
+    return {"ids": torch.tensor(prompt[s:] + tokens, dtype=torch.long), "aux": aux.half(),
+            "answer_start": torch.tensor([len(prompt) - s]), "start": torch.tensor([s])}
 
 
 @dataclass
@@ -148,10 +154,7 @@ class _Answer:
         if self.head is None:
             return {"tokens": torch.tensor(self.tokens, dtype=torch.long),
                     "hidden": states.half()}
-        return {"ids": torch.tensor(self.prompt[self.start:] + self.tokens, dtype=torch.long),
-                "aux": torch.cat((self.head[:-1], states)).half(),
-                "answer_start": torch.tensor([len(self.prompt) - self.start]),
-                "start": torch.tensor([self.start])}
+        return _context_shard(self.prompt, self.start, self.head, self.tokens, states)
 
 
 @dataclass(frozen=True)
@@ -208,7 +211,7 @@ def collect_batched(target, encode: Callable[[str], list[int]], prompts: Sequenc
                 answer = _open_answer(target, free[-1], i, encode(prompts[i]), plan, stop,
                                       max_new_tokens)
                 if answer is None:
-                    _write(paths[i], _empty_shard(plan))
+                    _write(paths[i], _empty_shard(plan.context))
                     advance(0)
                     continue
                 free.pop()
@@ -229,8 +232,9 @@ def collect_batched(target, encode: Callable[[str], list[int]], prompts: Sequenc
                 free.append(a.handle)
 
 
-def _empty_shard(plan: BatchPlan) -> dict[str, torch.Tensor]:
-    if plan.context is None:
+def _empty_shard(context: int | None) -> dict[str, torch.Tensor]:
+    """A prompt with no room: a hidden-head shard (context None) or an eagle3 one."""
+    if context is None:
         return {"tokens": torch.zeros(0, dtype=torch.long), "hidden": torch.zeros(0, 0).half()}
     return {"ids": torch.zeros(1, dtype=torch.long), "aux": torch.zeros(0, 0).half(),
             "answer_start": torch.tensor([1]), "start": torch.tensor([0])}
