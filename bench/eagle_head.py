@@ -10,7 +10,9 @@ shards are cached (a rerun resumes). Each head's greedy chain acceptance per
 depth (eagle_fit.Sequences.acceptance: teacher-forced on the target's own
 answer, so what greedy speculation accepts up to the rounding of the target's
 batched passes) and tau at each k = 1 + sum(accept[:k]) are written to OUT.json
-and OUT.md.
+and OUT.md, with the walked tau (eagle_fit.walked_tau: tokens per step when the
+answer is walked as the engine walks it; what `bench` measures, lower because the
+engine skips the anchors inside accepted runs).
 """
 
 from __future__ import annotations
@@ -51,22 +53,27 @@ def measure(head_dir: Path, embed: torch.Tensor,  # [V, H]
     """A head's acceptance per depth and tau per k on the shards of one workload."""
     head = load_any(head_dir, embed, torch.float32)
     windows = eagle_fit.load_windows(paths)
-    accept = eagle_fit.Sequences(windows, depths).acceptance(head)
+    lengths = eagle_fit.Sequences(windows, depths).chain_lengths(head)
+    flat = torch.cat(lengths)
+    accept = [float((flat > d).float().mean()) for d in range(depths)]
     tokens = sum(int(len(w.ids) - w.answer_start) for w in windows)
     return {"answers": len(windows), "answer_tokens": tokens, "accept": accept,
-            "tau": {k: 1 + sum(accept[:k]) for k in range(1, depths + 1)}}
+            "tau": {k: 1 + sum(accept[:k]) for k in range(1, depths + 1)},
+            "walked_tau": {k: eagle_fit.walked_tau(lengths, k) for k in range(1, depths + 1)}}
 
 
 def table(rows: list[dict], depths: int) -> str:
     head = ("| head | workload | answers | tokens | "
             + " | ".join(f"accept d{d + 1}" for d in range(depths))
-            + " | " + " | ".join(f"tau k={k}" for k in (2, 4, depths) if k <= depths) + " |")
+            + " | " + " | ".join(f"tau k={k}" for k in (2, 4, depths) if k <= depths)
+            + " | " + " | ".join(f"walked k={k}" for k in (2, 4) if k <= depths) + " |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         lines.append(f"| {r['head']} | {r['workload']} | {r['answers']} | {r['answer_tokens']} | "
                      + " | ".join(f"{a:.2f}" for a in r["accept"]) + " | "
                      + " | ".join(f"{r['tau'][k]:.2f}" for k in (2, 4, depths) if k <= depths)
-                     + " |")
+                     + " | " + " | ".join(f"{r['walked_tau'][k]:.2f}" for k in (2, 4)
+                                          if k <= depths) + " |")
     return "\n".join(lines)
 
 

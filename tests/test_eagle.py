@@ -434,3 +434,13 @@ def test_training_scale_folds_into_fc():
     raw = eagle_fit.unrolled_logits(head, aux, shard.ids, 0, 2)
     for a, b in zip(trained, raw):
         assert torch.allclose(a, b, atol=1e-3)
+
+
+def test_walked_tau_skips_the_anchors_inside_accepted_runs():
+    """Chains of 2, 0, 0 accepted (and the two skipped anchors' 2s): the engine takes
+    3 tokens, then 1, then 1 over 3 steps (5 / 3), where every anchor alike gives
+    (3 + 3 + 3 + 1 + 1) / 5; k caps each chain."""
+    lengths = [torch.tensor([2, 2, 2, 0, 0])]
+    assert eagle_fit.walked_tau(lengths, 4) == pytest.approx(5 / 3)
+    assert eagle_fit.walked_tau(lengths, 1) == pytest.approx((2 + 2 + 1) / 3)  # at 0, 2, 4
+    assert eagle_fit.walked_tau([torch.tensor([], dtype=torch.long)], 4) == 0.0

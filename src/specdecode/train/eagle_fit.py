@@ -151,9 +151,10 @@ class Sequences:
         return total / max(1, count)
 
     @torch.no_grad()
-    def acceptance(self, head: Eagle3Head) -> list[float]:
-        """accept[d]: share of anchors whose first d + 1 greedy chain steps all match."""
-        hits, anchors = torch.zeros(self.depths), 0
+    def chain_lengths(self, head: Eagle3Head) -> list[torch.Tensor]:
+        """Per shard, [anchors] int64: how many of the greedy chain's first
+        `depths` steps from each answer anchor match the target's own tokens."""
+        out = []
         for shard in self.shards:
             logits = unrolled_logits(head, shard.aux, shard.ids, shard.start, self.depths)
             t = shard.aux.shape[0]
@@ -161,13 +162,33 @@ class Sequences:
             nxt[: t - 1] = shard.ids[2:t + 1]
             a = torch.arange(max(0, shard.answer_start - 2), t - 1)  # anchors
             alive = torch.ones(len(a), dtype=torch.bool)
+            length = torch.zeros(len(a), dtype=torch.long)
             for d, rows in enumerate(logits):
                 p = a + d
                 drafted = head.draft_ids[rows[p.clamp(max=t - 1)].argmax(-1)]
                 alive &= (p < t) & (drafted == nxt[p])
-                hits[d] += alive.sum()
-            anchors += len(a)
-        return (hits / max(1, anchors)).tolist()
+                length += alive
+            out.append(length)
+        return out
+
+    def acceptance(self, head: Eagle3Head) -> list[float]:
+        """accept[d]: share of anchors whose first d + 1 greedy chain steps all match."""
+        lengths = torch.cat(self.chain_lengths(head))
+        return [float((lengths > d).float().mean()) if len(lengths) else 0.0
+                for d in range(self.depths)]
+
+
+def walked_tau(lengths: Sequence[torch.Tensor], k: int) -> float:  # lengths: per shard [anchors]
+    """Tokens per verification step of greedy speculation with k-token chains, walking
+    each answer as the engine does (a step after L accepted tokens starts L + 1 on).
+    Lower than 1 + sum(accept[:k]), which weighs every anchor alike: the engine
+    skips the anchors inside an accepted run, and those are the easy ones."""
+    tokens = steps = 0
+    for length in lengths:
+        i, chain = 0, length.clamp(max=k).tolist()
+        while i < len(chain):
+            tokens, steps, i = tokens + chain[i] + 1, steps + 1, i + chain[i] + 1
+    return tokens / max(1, steps)
 
 
 def new_head(embed: torch.Tensor,  # [V, H] the target's embedding table
