@@ -214,6 +214,39 @@ def test_a_second_turn_reuses_the_first_from_the_prefix_cache(server, oai, ant):
     assert values["specdecode_suffix_store_tokens"] == 0  # this server's drafter has none
 
 
+def users(topic: str) -> list[dict]:
+    """A conversation with a long system prompt of its own (over the store's 64 tokens)."""
+    system = (f"You are a patient tutor for {topic}. " * 12).strip()
+    return [{"role": "system", "content": system},
+            {"role": "user", "content": f"Give one fact about {topic}."}]
+
+
+def test_users_taking_turns_each_resume_their_own_conversation(server, oai):
+    """A, B, A again: A's turn 2 is served from its turn 1's cache, restored from the
+    prefix store (B's turn displaced it from the target), and its answer is the
+    library's; /metrics counts the swap. Without the store A would reuse only the chat
+    template's first tokens, which it shares with B."""
+    def metric(name: str) -> float:
+        with client(server.url, KEY) as c:
+            lines = c.get("/metrics").text.splitlines()
+        return next(float(x.split()[-1]) for x in lines if x.startswith(name + " "))
+
+    swaps = metric("specdecode_prefix_store_swaps")
+    a, b = users("geology"), users("music")
+    first = oai.chat.completions.create(model=NAME, messages=a, temperature=0, max_tokens=8)
+    oai.chat.completions.create(model=NAME, messages=b, temperature=0, max_tokens=8)
+    turn2 = a + [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "One more."}]
+    want, n_prompt = expected(turn2, temperature=0.0, max_tokens=8)
+    oai.chat.completions.create(model=NAME, messages=b, temperature=0, max_tokens=8)
+    r = oai.chat.completions.create(model=NAME, messages=turn2, temperature=0, max_tokens=8)
+    assert r.choices[0].message.content == want.text
+    assert r.usage.prompt_tokens_details.cached_tokens > n_prompt - 20
+    assert metric("specdecode_prefix_store_swaps") > swaps
+    assert metric("specdecode_prefix_store_entries") >= 1
+    assert metric("specdecode_prefix_store_bytes") > 0
+
+
 def test_control_token_text_is_text_on_both_apis(oai, ant):
     llm = smol_llm()
     tok, evil = llm.tokenizer, hostile(llm.tokenizer)

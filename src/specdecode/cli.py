@@ -235,6 +235,9 @@ def build_parser() -> Parser:
                         "$SPECDECODE_API_KEY; none: no auth)")
     p.add_argument("--max-queue", type=_non_negative_int, default=16,
                    help="requests that may wait while one generates; more get a 429")
+    p.add_argument("--prefix-store-mb", type=_non_negative_int, default=2048,
+                   help="memory for earlier conversations' caches, so users taking turns "
+                        "each resume their own without a prefill (default 2048; 0: off)")
     p.add_argument("--served-model-name", default=None,
                    help="the model name clients send (default: the target's name)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
@@ -509,7 +512,7 @@ def cmd_serve(args) -> int:
     serve(llm, host=args.host, port=args.port, api_key=args.api_key or None,
           max_queue=args.max_queue,
           model_name=args.served_model_name or served_model_name(args.target),
-          log_level=args.log_level)
+          log_level=args.log_level, prefix_store_mb=args.prefix_store_mb)
     return 0
 
 

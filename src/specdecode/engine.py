@@ -35,6 +35,7 @@ import torch
 from specdecode.controller import Control, Controller, Plan
 from specdecode.drafters.base import Draft, DraftContext, Drafter, TargetOutput
 from specdecode.models.base import CausalLM
+from specdecode.prefix_store import PrefixStore
 from specdecode.sampling import SamplingParams, request_key
 from specdecode.speclen import LengthPolicy
 from specdecode.stats import SpecStats
@@ -147,11 +148,14 @@ class SpeculativeDecoder:
         controller: Controller | None = None,
         clock: Callable[[], float] = time.perf_counter,
         prefix_cache: bool | None = None,
+        prefix_store: PrefixStore | None = None,
     ) -> None:
         """clock: the time source of the step timings the controller learns from.
         prefix_cache: reuse what the target's cache holds of a new request's prompt
         (False: prefill every request from its first token; None: unless
-        $SPECDECODE_PREFIX_CACHE is 0)."""
+        $SPECDECODE_PREFIX_CACHE is 0). prefix_store: earlier caches kept in memory
+        and swapped back in when a request continues one of them (prefix_store.py;
+        with the prefix cache only)."""
         if not isinstance(k, int) or isinstance(k, bool) or k < 0:
             raise ValueError(f"k (num_speculative_tokens) must be an integer >= 0, got {k!r}")
         if controller is not None and (drafter is not None or length_policy is not None):
@@ -164,6 +168,7 @@ class SpeculativeDecoder:
         self._controller, self.clock = controller, clock
         self.prefix_cache = (os.environ.get("SPECDECODE_PREFIX_CACHE", "1") != "0"
                              if prefix_cache is None else prefix_cache)
+        self.prefix_store = prefix_store
 
     @property
     def controller(self) -> Controller | None:
@@ -242,6 +247,8 @@ class SpeculativeDecoder:
         prefix_cache=False) prefills every request from its first token."""
         want, layers = request.context[:-1], self.hidden_layers
         first_state = bool(layers) and request.target_out is None  # the first step reads it
+        if self.prefix_store is not None and self.prefix_cache:
+            self.prefix_store.swap_in(self.target, want)
         start = self._reusable(want, first_state)
         self.target.rollback(start)
         if start < len(want):

@@ -84,6 +84,18 @@ def check_keep(indices: Sequence[int], start: int | None, cached_len: int) -> in
     return start
 
 
+@dataclass
+class CacheSnapshot:
+    """A copy of one sequence's cache, taken by a backend's optional
+    `snapshot()` and put back by its `restore(snapshot)` (engine prefix store:
+    prefix_store.py): the ids at its positions and the backend's own keys and
+    values (`data`, opaque), `nbytes` of them."""
+
+    ids: list[int]
+    data: object
+    nbytes: int
+
+
 @runtime_checkable
 class CausalLM(Protocol):
     """A decoder-only language model with a rollback-able KV cache, one sequence per

@@ -52,7 +52,13 @@ import torch
 
 from specdecode import limits, threads
 from specdecode.models import hugepages
-from specdecode.models.base import FINAL_LAYER, ForwardOutput, check_keep, wanted_layers
+from specdecode.models.base import (
+    FINAL_LAYER,
+    CacheSnapshot,
+    ForwardOutput,
+    check_keep,
+    wanted_layers,
+)
 
 MAX_SEQUENCES = 8  # sequence handles: ids 0..7
 MAX_SEQ_IDS = 64  # in a multi-sequence context; ids 8..63 are a tree pass's branches
@@ -298,6 +304,14 @@ class LlamaCppLM:
     def rollback(self, length: int) -> None:
         self._rollback(self._seq0, length)
 
+    def snapshot(self) -> CacheSnapshot:
+        """A copy of sequence 0's cache (prefix_store.py)."""
+        return self._snapshot(self._seq0)
+
+    def restore(self, snap: CacheSnapshot) -> None:
+        """Put a snapshot of this model's caches back in sequence 0 (prefix_store.py)."""
+        self._restore(self._seq0, snap)
+
     def keep(self, indices: Sequence[int], *, start: int | None = None) -> None:
         """See CausalLM.keep. After a tree pass (positions + tree_mask): `start` is the
         tree's (cached_len before it) and indices a path from a root (depths 0, 1, ..);
@@ -387,6 +401,24 @@ class LlamaCppLM:
         if isinstance(handle, LlamaCppSequence) and handle.model is self:
             return handle._seq
         raise ValueError("forward_many: every handle must be a sequence of this model")
+
+    def _snapshot(self, seq: _Seq) -> CacheSnapshot:
+        """A copy of a sequence's cells (llama_state_seq_get_data: its f16 keys/values)."""
+        if seq.tree is not None:
+            raise ValueError("keep or roll back the pending tree pass before a snapshot")
+        lib = self._lib
+        size = lib.llama_state_seq_get_size(self._ctx, seq.seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        size = lib.llama_state_seq_get_data(self._ctx, buf, size, seq.seq_id)
+        return CacheSnapshot(list(seq.ids), buf, int(size))
+
+    def _restore(self, seq: _Seq, snap: CacheSnapshot) -> None:
+        """Replace a sequence's cells by a snapshot of this model's (byte for byte)."""
+        self._rollback(seq, 0)
+        if snap.ids and self._lib.llama_state_seq_set_data(
+                self._ctx, snap.data, snap.nbytes, seq.seq_id) != snap.nbytes:
+            raise RuntimeError(f"llama.cpp could not restore sequence {seq.seq_id}")
+        seq.length, seq.ids = len(snap.ids), list(snap.ids)
 
     def _rollback(self, seq: _Seq, length: int) -> None:
         if seq.tree is not None:
@@ -633,6 +665,12 @@ class LlamaCppSequence:
 
     def rollback(self, length: int) -> None:
         self.model._rollback(self._seq, length)
+
+    def snapshot(self) -> CacheSnapshot:
+        return self.model._snapshot(self._seq)
+
+    def restore(self, snap: CacheSnapshot) -> None:
+        self.model._restore(self._seq, snap)
 
     def keep(self, indices: Sequence[int], *, start: int | None = None) -> None:
         self.model._keep(self._seq, indices, start)

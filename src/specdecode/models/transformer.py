@@ -22,7 +22,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdecode import limits
-from specdecode.models.base import FINAL_LAYER, ForwardOutput, check_keep, wanted_layers
+from specdecode.models.base import (
+    FINAL_LAYER,
+    CacheSnapshot,
+    ForwardOutput,
+    check_keep,
+    wanted_layers,
+)
 from specdecode.models.config import ModelConfig
 
 
@@ -205,6 +211,23 @@ class KVCache:
         self.length += len(ids)
         self.ids += ids
 
+    def snapshot(self) -> CacheSnapshot:
+        """A copy of the cached positions' keys/values (up to a pending tree pass)."""
+        n = len(self.reusable_ids)
+        data = ([k[:, :n].clone() for k in self.k], [v[:, :n].clone() for v in self.v])
+        nbytes = sum(t.numel() * t.element_size() for part in data for t in part)
+        return CacheSnapshot(list(self.ids[:n]), data, nbytes)
+
+    def restore(self, snap: CacheSnapshot) -> None:
+        """Hold exactly what `snap` was taken of (from this model's cache shape)."""
+        keys, values = snap.data
+        n = len(snap.ids)
+        if n > self.k[0].shape[1]:
+            raise ValueError(f"a snapshot of {n} tokens does not fit {self.k[0].shape[1]}")
+        for cache, saved in zip((*self.k, *self.v), (*keys, *values)):
+            cache[:, :n] = saved
+        self.length, self.ids, self.tree_start = n, list(snap.ids), None
+
     def keep(self, indices: Sequence[int], start: int | None) -> None:
         """See CausalLM.keep: the rows at `indices` are copied to start.. (index_select
         copies first, so the rows may overlap their destination)."""
@@ -349,6 +372,14 @@ class Transformer(nn.Module):
 
     def rollback(self, length: int) -> None:
         self._cache.rollback(length)
+
+    def snapshot(self) -> CacheSnapshot:
+        """A copy of this sequence's cache (prefix_store.py)."""
+        return self._cache.snapshot()
+
+    def restore(self, snap: CacheSnapshot) -> None:
+        """Put a snapshot of this model's caches back (prefix_store.py)."""
+        self._cache.restore(snap)
 
     def keep(self, indices: Sequence[int], *, start: int | None = None) -> None:
         """See CausalLM.keep. Keys were rotated (RoPE) with the positions given at
@@ -506,6 +537,12 @@ class TransformerSequence:
 
     def rollback(self, length: int) -> None:
         self._cache.rollback(length)
+
+    def snapshot(self) -> CacheSnapshot:
+        return self._cache.snapshot()
+
+    def restore(self, snap: CacheSnapshot) -> None:
+        self._cache.restore(snap)
 
     def keep(self, indices: Sequence[int], *, start: int | None = None) -> None:
         self._cache.keep(indices, start)

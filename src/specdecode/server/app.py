@@ -14,6 +14,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request, Response
 
 from specdecode.llm import LLM
+from specdecode.prefix_store import PrefixStore
 from specdecode.server import anthropic_routes, openai_routes
 from specdecode.server.errors import install_handlers
 from specdecode.server.generation import ServerContext
@@ -23,6 +24,7 @@ from specdecode.server.worker import Worker
 
 MAX_BODY_BYTES = 1 << 20
 BODY_TIMEOUT_SECONDS = 20.0
+PREFIX_STORE_MB = 2048  # as llama-server's prompt cache in RAM, a quarter of its 8 GiB
 
 
 def default_model_name(llm: LLM) -> str:
@@ -39,6 +41,7 @@ def create_app(
     model_name: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     body_timeout: float = BODY_TIMEOUT_SECONDS,
+    prefix_store_mb: int = PREFIX_STORE_MB,
 ) -> FastAPI:
     """An ASGI app serving `llm`.
 
@@ -47,9 +50,15 @@ def create_app(
     model_name: the name clients send as `model` (also accepted: "default").
     max_body_bytes: larger request bodies get a 413.
     body_timeout: seconds to receive a whole request body, else a 408.
+    prefix_store_mb: memory for earlier conversations' caches, so users taking turns
+    each resume their own without a prefill (prefix_store.py; 0: off).
     `app.state.ctx.worker.drain(seconds)` starts a graceful shutdown (see Worker.drain).
     """
     metrics = Metrics()
+    decoder = getattr(llm, "decoder", None)
+    if decoder is not None and prefix_store_mb and decoder.prefix_store is None:
+        decoder.prefix_store = PrefixStore(prefix_store_mb << 20)
+    metrics.watch_prefix_store(getattr(decoder, "prefix_store", None))
     metrics.watch_suffix_store(getattr(getattr(llm, "decoder", None), "drafters", ()))
     metrics.watch_guard(getattr(getattr(llm, "decoder", None), "controller", None))
     worker = Worker(llm, max_queue=max_queue, metrics=metrics)

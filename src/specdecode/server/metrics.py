@@ -27,6 +27,16 @@ ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/messages
           "/health", "/metrics")
 
 
+PREFIX_STORE_GAUGES = {
+    "entries": "Earlier conversations' caches the prefix store holds in memory",
+    "bytes": "Memory of the prefix store's cache snapshots",
+    "tokens": "Tokens of the prefix store's cache snapshots",
+    "swaps": "Requests whose prefix was restored from the store (since start)",
+    "restored_tokens": "Prompt tokens restored from the store instead of prefilled "
+                       "(since start)",
+}
+
+
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
@@ -76,6 +86,8 @@ class Metrics:
         self.suffix_store_bytes = Gauge(
             "specdecode_suffix_store_bytes",
             "Estimated memory of the suffix drafter's store (texts + index)", registry=r)
+        self.prefix_store = {key: Gauge(f"specdecode_prefix_store_{key}", text, registry=r)
+                             for key, text in PREFIX_STORE_GAUGES.items()}
 
     def watch_queue(self, waiting: Callable[[], float], in_flight: Callable[[], float]) -> None:
         self.queue_depth.set_function(waiting)
@@ -86,6 +98,11 @@ class Metrics:
         store = next((d.store for d in drafters if getattr(d, "store", None) is not None), None)
         self.suffix_store_tokens.set_function(lambda: store.tokens if store else 0)
         self.suffix_store_bytes.set_function(lambda: store.stats()["bytes"] if store else 0)
+
+    def watch_prefix_store(self, store) -> None:
+        """The prefix store's stats (prefix_store.PrefixStore.stats; 0 without one)."""
+        for key, gauge in self.prefix_store.items():
+            gauge.set_function(lambda key=key: store.stats()[key] if store else 0)
 
     def watch_guard(self, controller) -> None:
         """The gauge reads the controller's guard (0 without a controller)."""

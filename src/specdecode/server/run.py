@@ -14,7 +14,7 @@ import sys
 import uvicorn
 
 from specdecode.llm import LLM
-from specdecode.server.app import create_app
+from specdecode.server.app import PREFIX_STORE_MB, create_app
 from specdecode.server.worker import Worker
 
 DRAIN_SECONDS = 5.0
@@ -43,15 +43,18 @@ def serve(
     model_name: str | None = None,
     log_level: str = "info",
     drain_seconds: float = DRAIN_SECONDS,
+    prefix_store_mb: int = PREFIX_STORE_MB,
 ) -> None:
     """Serve until interrupted. Binds loopback by default: pass host="0.0.0.0"
     (and an api_key) to accept other machines."""
-    app = create_app(llm, api_key=api_key, max_queue=max_queue, model_name=model_name)
+    app = create_app(llm, api_key=api_key, max_queue=max_queue, model_name=model_name,
+                     prefix_store_mb=prefix_store_mb)
     logging.getLogger("specdecode.server").setLevel(log_level.upper())
     ctx = app.state.ctx
     print(f"specdecode: serving '{ctx.model_name}' on http://{host}:{port} "
           f"(drafter {llm.info.drafter}, k={llm.k}, context {ctx.context_length}, "
-          f"auth {'on' if api_key else 'off'}, max queue {max_queue})", flush=True)
+          f"auth {'on' if api_key else 'off'}, max queue {max_queue}, "
+          f"prefix store {prefix_store_mb} MB)", flush=True)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=int(drain_seconds + SEND_SECONDS))
     server = DrainingServer(config, ctx.worker, drain_seconds)
