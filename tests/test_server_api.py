@@ -189,18 +189,27 @@ def test_health_metrics_and_auth(server, oai):
         bad_ant.messages.create(model=NAME, max_tokens=4, messages=CHAT)
 
 
+def second_turn(oai, first: list[dict], between: list[dict], followup: str, n_first: int,
+                n: int):
+    """`first` answered, `between` sent, then first's turn 2 (its answer + `followup`):
+    returns (turn 2's response, its messages, its prompt tokens); the answer is the
+    library's for the same messages."""
+    answer = oai.chat.completions.create(model=NAME, messages=first, temperature=0,
+                                         max_tokens=n_first).choices[0].message.content
+    turn2 = first + [{"role": "assistant", "content": answer},
+                     {"role": "user", "content": followup}]
+    want, n_prompt = expected(turn2, temperature=0.0, max_tokens=n)
+    oai.chat.completions.create(model=NAME, messages=between, temperature=0, max_tokens=n_first)
+    r = oai.chat.completions.create(model=NAME, messages=turn2, temperature=0, max_tokens=n)
+    assert r.choices[0].message.content == want.text
+    return r, turn2, n_prompt
+
+
 def test_a_second_turn_reuses_the_first_from_the_prefix_cache(server, oai, ant):
     """Turn 2 of a conversation resends turn 1 and its answer: usage says how many prompt
     tokens came from the cache (OpenAI prompt_tokens_details.cached_tokens, Anthropic
     cache_read_input_tokens), /metrics counts them, and the answer is the library's."""
-    first = oai.chat.completions.create(model=NAME, messages=CHAT, temperature=0,
-                                        max_tokens=16)
-    turn2 = CHAT + [{"role": "assistant", "content": first.choices[0].message.content},
-                    {"role": "user", "content": "Now three animals."}]
-    want, n_prompt = expected(turn2, temperature=0.0, max_tokens=12)
-    oai.chat.completions.create(model=NAME, messages=CHAT, temperature=0, max_tokens=16)
-    r = oai.chat.completions.create(model=NAME, messages=turn2, temperature=0, max_tokens=12)
-    assert r.choices[0].message.content == want.text
+    r, turn2, n_prompt = second_turn(oai, CHAT, CHAT, "Now three animals.", 16, 12)
     cached = r.usage.prompt_tokens_details.cached_tokens
     assert n_prompt // 2 < cached < n_prompt
     m = ant.messages.create(model=NAME, max_tokens=12, messages=turn2, extra_body=GREEDY)
@@ -233,14 +242,7 @@ def test_users_taking_turns_each_resume_their_own_conversation(server, oai):
 
     swaps = metric("specdecode_prefix_store_swaps")
     a, b = users("geology"), users("music")
-    first = oai.chat.completions.create(model=NAME, messages=a, temperature=0, max_tokens=8)
-    oai.chat.completions.create(model=NAME, messages=b, temperature=0, max_tokens=8)
-    turn2 = a + [{"role": "assistant", "content": first.choices[0].message.content},
-                 {"role": "user", "content": "One more."}]
-    want, n_prompt = expected(turn2, temperature=0.0, max_tokens=8)
-    oai.chat.completions.create(model=NAME, messages=b, temperature=0, max_tokens=8)
-    r = oai.chat.completions.create(model=NAME, messages=turn2, temperature=0, max_tokens=8)
-    assert r.choices[0].message.content == want.text
+    r, _, n_prompt = second_turn(oai, a, b, "One more.", 8, 8)
     assert r.usage.prompt_tokens_details.cached_tokens > n_prompt - 20
     assert metric("specdecode_prefix_store_swaps") > swaps
     assert metric("specdecode_prefix_store_entries") >= 1
