@@ -262,7 +262,7 @@ def test_forced_wrong_drafts_are_soon_not_verified(target):
 
     prior = CostModel({1: 1.0, 2: 1.6, 5: 3.3, 9: 7.0, 65: 27.0}, draft_per_token=0.3)
     prompt = [1, 2, 3, 1, 2, 3, 1, 2]
-    controller = make_controller(prior, NgramDrafter(max_n=2),
+    controller = make_controller(prior, [NgramDrafter(max_n=2)],
                                  DraftModelDrafter(tiny(seed=1), target))  # right when honest
     decoder = SpeculativeDecoder(target, k=16, controller=controller)
     force_wrong_drafts(decoder)
@@ -375,3 +375,27 @@ def test_a_new_kind_after_wrong_drafts_starts_from_the_pooled_estimate(target):
                          truth, 100)
     verified = [i for i, d in enumerate(request.stats.drafted_per_step) if d]
     assert request.stats.accepted == 0 and len(verified) <= 2 and verified[-1] < 3
+
+
+def test_of_two_free_drafters_each_step_verifies_the_one_that_pays(target):
+    """auto's lookups (llm.make_controller): two free drafters propose at every step and
+    each is judged in hindsight; the steps verify the right one's drafts, not the one
+    whose drafts are always wrong, and the output is the target's own."""
+    from specdecode.llm import make_controller
+
+    clock, prompt = Clock(), [4, 8, 15, 16]
+    truth = prompt + plain_greedy(target, prompt, 80)
+
+    class Named(OracleDrafter):
+        def __init__(self, name: str, script: list[int] | None) -> None:
+            super().__init__(truth, target.vocab_size, script)
+            self.name = name
+
+    wrong, right = Named("wrong", None), Named("right", [16] * 200)
+    timed = TimedTarget(target, clock, lambda b: 1.0 + 0.1 * (b - 1))
+    controller = make_controller(CostModel({1: 1.0, 9: 1.8, 17: 2.6}), [wrong, right], None)
+    decoder = SpeculativeDecoder(timed, k=16, controller=controller, clock=clock)
+    out = _run(decoder, prompt, 80)
+    assert out.token_ids == truth[len(prompt):]
+    assert out.stats.drafter_steps.get("right", 0) >= 4
+    assert out.stats.drafter_steps.get("wrong", 0) <= 1

@@ -286,8 +286,8 @@ def test_adaptive_load_measures_costs_once_and_says_what_it_chose(tmp_path, monk
     costs = first.info.costs
     assert costs["c"][1] == 1.0 and set(range(1, 10)) <= set(costs["c"])
     assert costs["c_draft"] > 0 and costs["from_cache"] is False
-    assert first.info.drafter in ("ngram+draft-model", "ngram")
-    assert "n-gram lookup" in first.info.choice and "draft length" in first.info.choice
+    assert first.info.drafter in ("ngram+suffix+draft-model", "ngram+suffix")
+    assert "n-gram and suffix lookup" in first.info.choice and "draft length" in first.info.choice
     assert first.decoder.controller is not None
     again = LLM.load(path, draft_model=path, drafter="auto", backend="llama.cpp",
                      max_seq_len=512)

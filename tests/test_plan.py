@@ -51,15 +51,15 @@ LL, T = "llama.cpp", "torch"
 
 @pytest.mark.parametrize("spec, decided, undecided_fixed", [
     # registry pair, nothing set: the adaptive plan, and the fixed-k one for a flat curve
-    ({}, ("auto", ("ngram", "draft-model"), 64, True, 8, LL, LL),
+    ({}, ("auto", ("ngram", "suffix", "draft-model"), 64, True, 8, LL, LL),
      ("draft-model", ("draft-model",), 8, False, 3, LL, LL)),
-    ({"backend": "torch"}, ("auto", ("ngram", "draft-model"), 64, True, 8, T, T),
+    ({"backend": "torch"}, ("auto", ("ngram", "suffix", "draft-model"), 64, True, 8, T, T),
      ("draft-model", ("draft-model",), 8, False, 3, T, T)),
     # a draft model given: the same as a pair's
     ({"target": "t", "draft_model": "d", "adaptive": False},
      ("draft-model", ("draft-model",), 8, False, 3, LL, LL), None),
     ({"target": "t", "draft_model": "d", "adaptive": True},
-     ("auto", ("ngram", "draft-model"), 64, True, 8, LL, LL), None),
+     ("auto", ("ngram", "suffix", "draft-model"), 64, True, 8, LL, LL), None),
     ({"draft_model": "/x/other.gguf", "drafter": "draft-model", "k": 5, "adaptive": True},
      ("draft-model", ("draft-model",), 5, True, 8, LL, LL), None),
     # n-gram lookup: no draft model, even for a pair
@@ -71,9 +71,10 @@ LL, T = "llama.cpp", "torch"
     ({"drafter": "none"}, ("none", (), 8, False, 3, LL, None), None),
     ({"target": "t"}, ("none", (), 8, False, 3, LL, None), None),
     ({"target": "t", "k": 0}, ("none", (), 0, False, 3, LL, None), None),
-    # auto: adaptive unless told otherwise; n-gram only without a draft model
-    ({"drafter": "auto"}, ("auto", ("ngram", "draft-model"), 64, True, 8, LL, LL), None),
-    ({"target": "t", "drafter": "auto"}, ("auto", ("ngram",), 64, True, 8, LL, None), None),
+    # auto: adaptive unless told otherwise; the lookups only without a draft model
+    ({"drafter": "auto"}, ("auto", ("ngram", "suffix", "draft-model"), 64, True, 8, LL, LL), None),
+    ({"target": "t", "drafter": "auto"},
+     ("auto", ("ngram", "suffix"), 64, True, 8, LL, None), None),
     # backends: auto takes llama.cpp for GGUF on CPU when built, else torch; per model
     ({"_facts": {"llama_cpp": False}, "adaptive": False},
      ("draft-model", ("draft-model",), 8, False, 3, T, T), None),
@@ -316,6 +317,6 @@ def test_build_settles_the_default_from_the_curve(models, monkeypatch):
 def test_build_adaptive_auto_chooses_and_keeps_the_draft(models, monkeypatch):
     monkeypatch.setattr(llm_module, "measured_costs", lambda *a: STEEP)
     built = LLM.build(plan(adaptive=True), models)
-    assert built.info.drafter == "ngram+draft-model"
-    assert "n-gram lookup + the draft model" in built.info.choice
+    assert built.info.drafter == "ngram+suffix+draft-model"
+    assert "n-gram and suffix lookup + the draft model" in built.info.choice
     assert "each step's drafter and length" in built.info.choice

@@ -3,11 +3,12 @@
     python bench/llama_cpp/compare.py --out bench/results/llama-cpp
 
 Builds llama.cpp's tools for this CPU into the cache (`specdecode build-llama-cpp`;
-~25 minutes once), starts llama-server three times on the default pair's GGUF
+~25 minutes once), starts llama-server up to three times on the default pair's GGUF
 files (plain; --spec-type draft-simple -md <draft> --spec-draft-n-max N;
 --spec-type ngram-mod) and loads specdecode on the llama.cpp backend (plain;
-the adaptive engine with the drafter it chooses; optionally the draft model at
-a fixed k), each configuration in its own worker process as each llama-server
+the adaptive engine with the drafter it chooses; optionally the n-gram or the
+suffix drafter alone, adaptive (--ngram, --suffix), and the draft model at a
+fixed k), each configuration in its own worker process as each llama-server
 runs in its own. Then, for each prompt x temperature, every configuration runs in
 turn (interleaved), 128 new tokens, the same prompt token ids (the target's
 chat template) and pure temperature sampling (top-k/top-p/min-p off).
@@ -201,13 +202,16 @@ def main() -> int:
                          "(repeatable; default humaneval:5, code-edit:2, random:1)")
     ap.add_argument("--background-load", type=int, default=0, metavar="N",
                     help="N busy processes compete for the CPU during the measured runs")
-    ap.add_argument("--draft-n-max", type=int, default=8, help="llama.cpp draft-simple")
+    ap.add_argument("--draft-n-max", type=int, default=8,
+                    help="llama.cpp draft-simple's n_max (0: skip that row)")
     ap.add_argument("--draft-k", type=int, default=0,
                     help="also run specdecode's draft model at this fixed k (0: skip)")
     ap.add_argument("--drafter", default="auto",
                     help="specdecode's adaptive configuration: auto (chosen from costs), ngram")
     ap.add_argument("--suffix", action="store_true",
                     help="also run the adaptive engine with the suffix drafter")
+    ap.add_argument("--ngram", action="store_true",
+                    help="also run the adaptive engine with the n-gram drafter")
     ap.add_argument("--wrong-drafts", action="store_true",
                     help="also run the shipped default with every draft token forced wrong")
     ap.add_argument("--threads", type=int, default=2)
@@ -230,18 +234,19 @@ def main() -> int:
     auto.label = ("specdecode auto (shipped default)" if args.drafter == "auto" else
                   f"specdecode {auto.info['drafter']} adaptive")
     engines.append(auto)
-    if args.suffix:
-        engines.append(Engine("specdecode suffix adaptive", drafter="suffix", adaptive=True))
+    for lookup in ("ngram", "suffix"):
+        if getattr(args, lookup):
+            engines.append(Engine(f"specdecode {lookup} adaptive", drafter=lookup, adaptive=True))
     if args.wrong_drafts:
         engines.append(Engine("specdecode auto, drafts forced wrong", drafter=args.drafter,
                               wrong_drafts=True))
     if args.draft_k:
         engines.append(Engine(f"specdecode draft-model k={args.draft_k}", drafter="draft-model",
                               k=args.draft_k, adaptive=False))
-    servers = [Server("llama.cpp plain", []),
-               Server(f"llama.cpp draft-simple n_max={args.draft_n_max}",
-                      ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max",
-                       str(args.draft_n_max), "-td", str(args.threads)]),
+    simple = Server(f"llama.cpp draft-simple n_max={args.draft_n_max}",
+                    ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max",
+                     str(args.draft_n_max), "-td", str(args.threads)])
+    servers = [Server("llama.cpp plain", []), *([simple] if args.draft_n_max else []),
                # ngram-mod's n-gram hash outlives a request (it is shared by all slots and
                # reset only when full): a repeated prompt would be copied from the server's
                # memory of its earlier answer. Ours starts every request empty; so does it.

@@ -130,9 +130,10 @@ class LLM:
 
         In short: `drafter` defaults to draft-model when a draft model is given (or
         the target is a registry pair), else none; "auto" (the adaptive default with
-        a draft model) has n-gram lookup plus the draft model while its measured
-        costs say it can pay. k defaults to 8 for a draft model, 16 for n-gram
-        lookup (64 when adaptive: a cap), ngram_max to 3 (8 when adaptive).
+        a draft model) has n-gram and suffix lookup (drafters/suffix.py: this
+        request's text and earlier requests') plus the draft model while its measured
+        costs say it can pay. k defaults to 8 for a draft model, 16 for n-gram and suffix lookup (64
+        when adaptive: a cap), ngram_max to 3 (8 when adaptive).
         adaptive: each step's drafter and draft length from observed costs
         (controller.py); None: from the target's cost curve, measured at load on
         llama.cpp (adaptive when c(8) > 1.3 plain steps) and read from the cache only
@@ -192,8 +193,8 @@ class LLM:
         if draft is None and heads:  # a trained head: priced by its own size
             draft, share = heads[0]
             costs = replace(costs, draft_per_token=share)
-        lookup = drafters.get("ngram") or drafters.get("suffix")
-        controller = make_controller(costs, lookup, draft)
+        lookups = [drafters[name] for name in LOOKUPS if name in drafters]
+        controller = make_controller(costs, lookups, draft)
         info.drafter = "+".join(slot.name for slot in controller.slots)
         if draft is None:
             info.draft = None
@@ -299,28 +300,31 @@ def choose_drafter(
     costs: CostModel, draft: Drafter | None, k: int
 ) -> tuple[Drafter | None, str]:
     """(the draft-model drafter or None, why) for drafter "auto", which always has
-    n-gram lookup (free) and adds the draft model when its start-up costs predict
+    n-gram and suffix lookup (free) and adds the draft model when its start-up costs predict
     KEEP_DRAFT_MODEL or more at 90 % acceptance; otherwise the model is closed
     (its memory freed). The controller then uses it only at steps where it pays
     on observed costs and pauses it where it does not."""
     if draft is None:
-        return None, "n-gram lookup (no draft model)"
+        return None, "n-gram and suffix lookup (no draft model)"
     length, rate = best_length(costs, [0.9] * k, k)
     why = (f"draft model: c_draft {costs.draft_per_token:.2f} plain steps per token; "
            f"at 90 % acceptance its best draft length {length} gives {rate:.2f}x")
     if rate >= KEEP_DRAFT_MODEL:
-        return draft, f"n-gram lookup + the {why}"
+        return draft, f"n-gram and suffix lookup + the {why}"
     draft.close()  # frees the draft model's memory (BaseDrafter.close)
-    return None, f"n-gram lookup only ({why}, too little to pay)"
+    return None, f"n-gram and suffix lookup only ({why}, too little to pay)"
 
 
-def make_controller(costs: CostModel, ngram: Drafter | None, draft: Drafter | None
+LOOKUPS = ("ngram", "suffix")  # the free drafters, in controller slot order
+
+
+def make_controller(costs: CostModel, lookups: Sequence[Drafter], draft: Drafter | None
                     ) -> Controller:
-    """The adaptive engine's controller: n-gram lookup judged as free, the draft
-    model priced per token, both on costs learnt online from the start-up prior."""
-    slots = []
-    if ngram is not None:
-        slots.append(Slot(ngram, LengthPolicy(CostModel(costs.verify, 0.0)), costly=False))
+    """The adaptive engine's controller: lookup drafters (n-gram, suffix) judged as
+    free, each step taking the one whose cut draft pays most, and the draft model
+    priced per token, all on costs learnt online from the start-up prior."""
+    slots = [Slot(lookup, LengthPolicy(CostModel(costs.verify, 0.0)), costly=False)
+             for lookup in lookups]
     if draft is not None:
         slots.append(Slot(draft, LengthPolicy(costs), costly=True))
     return Controller(slots, costs)
@@ -335,7 +339,7 @@ def guarded_controller(drafter: Drafter, costs: CostModel) -> Controller:
     (probes come after pauses), and a draft model is priced without its catch-up
     (controller.Slot.prices_catchup)."""
     draft = drafter if is_priced(drafter) else None
-    controller = make_controller(costs, None if draft else drafter, draft)
+    controller = make_controller(costs, [] if draft else [drafter], draft)
     for slot in controller.slots:
         slot.probing = slot.prices_catchup = False
     return controller

@@ -66,10 +66,13 @@ class DrafterRule:
     k: tuple[int, int]
 
 
+# auto: both lookups (each step takes the one whose cut draft pays most: suffix lookup led
+# on code-edit and agent turns, n-gram lookup on HumanEval and random in
+# bench/results/agent-and-lookups.md) and the draft model where it pays.
 # k: a draft model's drafts cost a forward each (8); n-gram drafts cost nothing and
 # copied text runs long (16); adaptive, k is a cap: long copies pay even at c(65) ~ 10.
 DRAFTERS: dict[str, DrafterRule] = {
-    "auto": DrafterRule(("ngram", "draft-model"), False, True, True, (16, 64)),
+    "auto": DrafterRule(("ngram", "suffix", "draft-model"), False, True, True, (16, 64)),
     "draft-model": DrafterRule(("draft-model",), True, True, False, (8, 8)),
     "ngram": DrafterRule(("ngram",), False, False, False, (16, 64)),
     "suffix": DrafterRule(("suffix",), False, False, False, (16, 64)),
@@ -117,7 +120,7 @@ class ModelPlan:
 class Plan:
     """What `LLM.load` builds. drafter: the spec's drafter resolved (auto | draft-model
     | ngram | none); drafters: the drafters built, in controller slot order ("ngram",
-    "draft-model"); adaptive: the closed-loop controller (else one drafter, fixed k);
+    "suffix", "draft-model"); adaptive: the closed-loop controller (else one drafter, fixed k);
     draft_quant: int8 | none; fixed: when `adaptive` was not given, the fixed-k plan
     `settle` takes instead of this one on a flat cost curve (None: decided)."""
 
