@@ -143,12 +143,13 @@ def test_auto_drafter_keeps_a_draft_model_only_where_it_can_pay():
     draft.draft_model = SimpleNamespace(close=lambda: closed.append(True))
     cheap = CostModel({1: 1.0, 9: 1.1}, draft_per_token=0.1)  # a GPU-like curve
     proposer, why = choose_drafter(cheap, draft, 8)
-    assert proposer is draft and "n-gram lookup + the draft model" in why and not closed
+    assert proposer is draft and "n-gram and suffix lookup + the draft model" in why and not closed
     costly = CostModel(LLAMA_CPP.verify, draft_per_token=0.5)  # llama.cpp on 2 cores
     proposer, why = choose_drafter(costly, draft, 16)
     assert proposer is None and closed == [True]
-    assert "n-gram lookup only" in why and "c_draft 0.50" in why and "too little to pay" in why
-    assert choose_drafter(cheap, None, 8) == (None, "n-gram lookup (no draft model)")
+    assert "n-gram and suffix lookup only" in why and "c_draft 0.50" in why
+    assert "too little to pay" in why
+    assert choose_drafter(cheap, None, 8) == (None, "n-gram and suffix lookup (no draft model)")
 
 
 def test_a_request_starts_from_the_prior_not_from_the_last_request():
