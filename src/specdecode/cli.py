@@ -87,8 +87,8 @@ def _load_arguments() -> dict[str, tuple[tuple[str, ...], dict]]:
             help="draft model: registry name or path (default: the pair's draft)")),
         "drafter": (("--drafter",), dict(
             choices=DRAFTERS, help="how drafts are proposed (default: draft-model if a draft "
-            "model is known, else none; auto when adaptive: suffix lookup, with the draft "
-            "model where the measured costs say it can pay)")),
+            "model is known, else none; auto when adaptive: n-gram and suffix lookup, with the "
+            "draft model where the measured costs say it can pay)")),
         "head": (("--head",), dict(
             help="a trained head's folder (with --drafter hidden-head or eagle3)")),
         "adaptive": (("--adaptive",), dict(

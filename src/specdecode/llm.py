@@ -30,7 +30,7 @@ from specdecode.models.loading import Loaded
 from specdecode.models.quant import quantize_int8
 from specdecode.options import BACKENDS, DRAFTERS, LoadSpec
 from specdecode.plan import DRAFTERS as DRAFTER_RULES
-from specdecode.plan import Facts, Plan, resolve, settle
+from specdecode.plan import LOOKUPS, Facts, Plan, resolve, settle
 from specdecode.sampling import SamplingParams
 from specdecode.speclen import CostModel, LengthPolicy, best_length
 from specdecode.stats import SpecStats
@@ -131,9 +131,10 @@ class LLM:
         In short: `drafter` defaults to draft-model when a draft model is given (or
         the target is a registry pair), else none; "auto" (the adaptive default with
         a draft model) has n-gram and suffix lookup (drafters/suffix.py: this
-        request's text and earlier requests') plus the draft model while its measured
-        costs say it can pay. k defaults to 8 for a draft model, 16 for n-gram and suffix lookup (64
-        when adaptive: a cap), ngram_max to 3 (8 when adaptive).
+        request's text and earlier requests') plus the draft model while its
+        measured costs say it can pay. k defaults to 8 for a draft model, 16 for
+        n-gram and suffix lookup (64 when adaptive: a cap), ngram_max to 3 (8 when
+        adaptive).
         adaptive: each step's drafter and draft length from observed costs
         (controller.py); None: from the target's cost curve, measured at load on
         llama.cpp (adaptive when c(8) > 1.3 plain steps) and read from the cache only
@@ -300,8 +301,8 @@ def choose_drafter(
     costs: CostModel, draft: Drafter | None, k: int
 ) -> tuple[Drafter | None, str]:
     """(the draft-model drafter or None, why) for drafter "auto", which always has
-    n-gram and suffix lookup (free) and adds the draft model when its start-up costs predict
-    KEEP_DRAFT_MODEL or more at 90 % acceptance; otherwise the model is closed
+    n-gram and suffix lookup (free) and adds the draft model when its start-up costs
+    predict KEEP_DRAFT_MODEL or more at 90 % acceptance; otherwise the model is closed
     (its memory freed). The controller then uses it only at steps where it pays
     on observed costs and pauses it where it does not."""
     if draft is None:
@@ -313,9 +314,6 @@ def choose_drafter(
         return draft, f"n-gram and suffix lookup + the {why}"
     draft.close()  # frees the draft model's memory (BaseDrafter.close)
     return None, f"n-gram and suffix lookup only ({why}, too little to pay)"
-
-
-LOOKUPS = ("ngram", "suffix")  # the free drafters, in controller slot order
 
 
 def make_controller(costs: CostModel, lookups: Sequence[Drafter], draft: Drafter | None

@@ -66,9 +66,10 @@ class DrafterRule:
     k: tuple[int, int]
 
 
-# auto: both lookups (each step takes the one whose cut draft pays most: suffix lookup led
-# on code-edit and agent turns, n-gram lookup on HumanEval and random in
-# bench/results/agent-and-lookups.md) and the draft model where it pays.
+# auto: both lookups, each step taking the one whose cut draft pays most (which one leads
+# flipped between two timed runs on every workload but agent, where suffix led:
+# bench/results/agent-and-lookups.md, auto-both-lookups.md), and the draft model where
+# it pays.
 # k: a draft model's drafts cost a forward each (8); n-gram drafts cost nothing and
 # copied text runs long (16); adaptive, k is a cap: long copies pay even at c(65) ~ 10.
 DRAFTERS: dict[str, DrafterRule] = {
@@ -80,6 +81,7 @@ DRAFTERS: dict[str, DrafterRule] = {
     "eagle3": DrafterRule(("eagle3",), False, False, False, (3, 4)),
     "none": DrafterRule((), False, False, False, (8, 8)),
 }
+LOOKUPS = ("ngram", "suffix")  # the free drafters, in controller slot order
 NGRAM_MAX = (3, 8)  # (fixed, adaptive): the policy needs precise matches more than many
 FLAT_C8 = 1.3  # c(8) in plain steps at or below which the curve is flat: fixed k
 
@@ -120,8 +122,8 @@ class ModelPlan:
 class Plan:
     """What `LLM.load` builds. drafter: the spec's drafter resolved (auto | draft-model
     | ngram | none); drafters: the drafters built, in controller slot order ("ngram",
-    "suffix", "draft-model"); adaptive: the closed-loop controller (else one drafter, fixed k);
-    draft_quant: int8 | none; fixed: when `adaptive` was not given, the fixed-k plan
+    "suffix", "draft-model"); adaptive: the closed-loop controller (else one drafter,
+    fixed k); draft_quant: int8 | none; fixed: when `adaptive` was not given, the fixed-k plan
     `settle` takes instead of this one on a flat cost curve (None: decided)."""
 
     spec: LoadSpec
@@ -235,7 +237,7 @@ def _settled(spec: LoadSpec, target: ModelPlan, draft: ModelPlan | None,
     draft = draft if rule.uses_draft else None
     builds = tuple(d for d in rule.builds if d != "draft-model" or draft is not None)
     ngram_max = spec.ngram_max if spec.ngram_max is not None else NGRAM_MAX[adaptive]
-    if {"ngram", "suffix"} & set(builds) and spec.ngram_min > ngram_max:
+    if set(LOOKUPS) & set(builds) and spec.ngram_min > ngram_max:
         raise OptionError(f"<ngram_min> {spec.ngram_min} exceeds <ngram_max> {ngram_max}")
     quant = spec.draft_quant
     if quant == "auto":

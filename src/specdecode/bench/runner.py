@@ -24,7 +24,7 @@ from specdecode.bench.summary import margin_at_divergence, summarise, summarise_
 from specdecode.llm import LLM, LoadedModels, load_plan
 from specdecode.memory import memory_plan, peak_resident_bytes, plan_memory
 from specdecode.options import LoadSpec
-from specdecode.plan import Facts, Plan, draft_model, resolve
+from specdecode.plan import LOOKUPS, Facts, Plan, draft_model, resolve
 from specdecode.sampling import SamplingParams
 
 SCHEMA = "specdecode.bench/1"
@@ -147,7 +147,7 @@ def specdecode_configs(options: BenchOptions, has_draft: bool) -> list[Config]:
         configs.append(Config("specdecode", "auto"))
     if "draft-model" in options.drafters and has_draft:
         configs += [Config("specdecode", "draft-model", k) for k in options.draft_k]
-    for lookup in ("ngram", "suffix"):
+    for lookup in LOOKUPS:
         if lookup in options.drafters:
             configs += [Config("specdecode", lookup, k) for k in options.ngram_k]
     for head in HEADS:  # a trained head (--head), at each -k as the draft model
