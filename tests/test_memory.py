@@ -106,3 +106,21 @@ def test_an_eagle3_head_counts_its_files_and_its_kv_cache(tmp_path):
     parts = {p.name: p.bytes for p in plan.parts}
     assert parts["head KV cache (1024 tokens)"] == 2 * 3 * 64 * 1024 * 2
     assert parts["head weights"] == 1000 + len((head / "config.json").read_bytes())
+
+
+@pytest.mark.parametrize("copy", ["0", "1"])
+def test_llama_cpp_prompt_copy_is_planned_where_it_will_be_loaded(monkeypatch, copy):
+    """models/llama_cpp_prefill.py: forced on, the plan counts the copy's mapped weights
+    (the file again), KV cache and compute buffer; forced off, nothing of it."""
+    monkeypatch.setenv("SPECDECODE_PREFILL_COPY", copy)
+    path = real.path("smollm2-135m")
+    plan = memory.memory_plan(LoadSpec(str(path), backend="llama.cpp", drafter="ngram",
+                                       max_seq_len=512))
+    parts = {p.name: p.bytes for p in plan.parts}
+    copied = {n: b for n, b in parts.items() if "prompt copy" in n}
+    if copy == "0":
+        assert not copied
+        return
+    assert copied["target prompt copy: weights (mapped)"] == path.stat().st_size
+    assert copied["target prompt copy: KV cache and compute buffer"] > \
+        parts["target KV cache (512 tokens)"]

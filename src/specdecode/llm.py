@@ -394,12 +394,13 @@ def _load_torch(path: Path, *, dtype: str, device: str, max_seq_len: int | None)
 
 
 def _load_llama_cpp(path: Path, *, dtype: str, device: str, max_seq_len: int | None) -> Loaded:
-    """The GGUF's own weights (`dtype` does not apply; the device is cpu)."""
+    """The GGUF's own weights (`dtype` does not apply; the device is cpu); long prompts
+    prefilled by a plain-layout copy where that is measured to pay (llama_cpp_prefill.py)."""
     from specdecode.models import loading
     from specdecode.models.llama_cpp import LlamaCppLM
 
     start = time.perf_counter()
-    model = LlamaCppLM(path, max_seq_len=max_seq_len)
+    model = LlamaCppLM(path, max_seq_len=max_seq_len, prefill_copy=None)
     tokenizer = loading.load_tokenizer(path)
     return Loaded(model, tokenizer, path, time.perf_counter() - start, from_cache=True)
 

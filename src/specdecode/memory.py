@@ -6,7 +6,9 @@ adds up, from model metadata and file sizes only (limits.py's arithmetic):
 - target weights: torch, the parameters in the chosen dtype (+ RoPE tables);
   llama.cpp, the GGUF file (its tensors are read into memory, not mapped);
 - the target's KV cache at the configured context (torch: the dtype; llama.cpp:
-  its f16 cache type);
+  its f16 cache type); on llama.cpp, where its prompt copy is known to be used
+  (models/llama_cpp_prefill.py: forced, or measured to pay before), that copy's
+  mapped weights, KV cache and compute buffer too;
 - the draft model's weights (torch int8: linears at one byte plus the bf16
   embedding; llama.cpp: its GGUF) and KV cache at the same context, or a
   trained head's files (hidden-head, eagle3);
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdecode import limits
+from specdecode.models import llama_cpp_prefill
 from specdecode.options import LoadSpec, OptionError
 
 LLAMA_CPP_BATCH = 512  # LlamaCppLM's n_batch: the tokens its compute buffer is sized for
@@ -130,10 +133,13 @@ def plan_memory(plan) -> MemoryPlan:
     context = _context(spec, target_cfg)
     parts = list(_model_parts("target", plan.target.path, plan.target.backend, target_cfg,
                               spec, context, int8=False))
+    copied = [parts[0].bytes] if plan.target.backend == "torch" else []
     if plan.draft is not None:
         cfg = limits.model_config(plan.draft.path)
-        parts += _model_parts("draft", plan.draft.path, plan.draft.backend, cfg, spec, context,
-                              int8=plan.draft_quant == "int8")
+        draft = _model_parts("draft", plan.draft.path, plan.draft.backend, cfg, spec, context,
+                             int8=plan.draft_quant == "int8")
+        copied += [draft[0].bytes] if plan.draft.backend == "torch" else []
+        parts += draft
     if {"hidden-head", "eagle3"} & set(plan.drafters) and spec.head is not None:
         parts.append(Part("head weights", files_bytes(Path(spec.head)), "draft weights"))
         if "eagle3" in plan.drafters:
@@ -141,18 +147,11 @@ def plan_memory(plan) -> MemoryPlan:
                               _head_cache_bytes(Path(spec.head), context, spec), "kv"))
     parts.append(_activations(plan.target.backend, target_cfg, spec, context, plan.k,
                               drafted=plan.draft is not None))
-    copied = [p.bytes for p, backend in zip(parts[::2], _backends(plan))
-              if backend == "torch" and p.kind in ("weights", "draft weights")]
     if copied and str(spec.device).startswith("cpu"):
         parts.append(Part("loading (weights file mapped while copied)", max(copied),
                           "weights"))
     parts.append(Part("process now", resident_bytes(), "process"))
     return MemoryPlan(tuple(parts), _available(spec.device), str(spec.device), context)
-
-
-def _backends(plan) -> list[str]:
-    """The backend of each model's weights part, in the order _model_parts made them."""
-    return [plan.target.backend] + ([plan.draft.backend] if plan.draft is not None else [])
 
 
 def _context(spec: LoadSpec, cfg) -> int:
@@ -191,8 +190,13 @@ def _model_parts(role: str, path: Path, backend: str, cfg, spec: LoadSpec, conte
         weights = (int8_weight_bytes(cfg, elem) if int8 else limits.weight_bytes(cfg, elem)
                    ) + limits.rope_bytes(cfg, context, elem)
         kv = limits.kv_cache_bytes(cfg, context, elem)
-    return [Part(f"{role} weights", weights, kind),
-            Part(f"{role} KV cache ({context} tokens)", kv, "kv")]
+    parts = [Part(f"{role} weights", weights, kind),
+             Part(f"{role} KV cache ({context} tokens)", kv, "kv")]
+    if backend == "llama.cpp" and path.is_file() and llama_cpp_prefill.planned(path):
+        buffer = LLAMA_CPP_BATCH * (cfg.vocab_size + 4 * cfg.hidden_size) * 4 if cfg else 0
+        parts += [Part(f"{role} prompt copy: weights (mapped)", weights, kind),
+                  Part(f"{role} prompt copy: KV cache and compute buffer", kv + buffer, "kv")]
+    return parts
 
 
 def int8_weight_bytes(cfg, elem: int) -> int:

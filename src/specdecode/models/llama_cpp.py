@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from specdecode import limits, threads
-from specdecode.models import hugepages
+from specdecode.models import hugepages, llama_cpp_prefill
 from specdecode.models.base import (
     FINAL_LAYER,
     CacheSnapshot,
@@ -132,6 +132,7 @@ class LlamaCppLM:
         extra_bufts: bool | None = None,
         mmap: bool = False,
         huge_pages: bool | None = None,
+        prefill_copy: bool | None = False,
     ) -> None:
         """path: a GGUF file. max_seq_len: context size in tokens (default: the
         model's training context, at most 8192; more than that context, or a KV
@@ -158,7 +159,10 @@ class LlamaCppLM:
         1.1-1.3x slower or not, depending on where its pages landed; 2 MiB pages
         were as fast as the best case every time). None: on unless
         SPECDECODE_HUGE_PAGES=0. Costs 2-5 s of load time for the default
-        pair; `huge_page_bytes` says how much memory it backed."""
+        pair; `huge_page_bytes` says how much memory it backed.
+        prefill_copy: run long new parts (prompts) on a second, memory-mapped copy of
+        the weights in llama.cpp's plain layout (llama_cpp_prefill.py); None: where
+        measured to pay on this machine (llama_cpp_prefill.decide)."""
         self._lib = _lib()
         self._model = self._ctx = self._batch = None
         # Torch's threads are the loader's business (threads.py: one thread beside a
@@ -180,6 +184,9 @@ class LlamaCppLM:
         self._free_branch_ids: list[int] = []  # tree-branch sequence ids not in use
         self._make_context(self.max_seq_len, 1)
         self.path = path
+        self._prefill_copy = None
+        if prefill_copy or (prefill_copy is None and llama_cpp_prefill.decide(self)):
+            self._prefill_copy = llama_cpp_prefill.PrefillCopy(self)
 
     def _load_weights(self, path: Path, extra_bufts: bool | None, mmap: bool,
                       huge_pages: bool | None) -> None:
@@ -459,6 +466,9 @@ class LlamaCppLM:
             raise NotImplementedError("the llama.cpp backend takes positions only with a "
                                       "tree_mask (a tree pass), and a tree_mask only with them")
         tokens, pos, want = self._chain(seq, ids, last_n)
+        if (tree_mask is None and self._prefill_copy is not None
+                and self._prefill_copy.pays(seq.length, len(tokens))):
+            return self._prefill_copy.run(self, seq, ids, last_n, embeddings)
         sid: list[tuple[int, ...]] = [(seq.seq_id,)] * len(tokens)
         tree = None
         if tree_mask is not None:
@@ -600,6 +610,9 @@ class LlamaCppLM:
         if lib is None:
             return
         self._free_context()
+        if getattr(self, "_prefill_copy", None) is not None:
+            self._prefill_copy.close()
+            self._prefill_copy = None
         if self._model:
             lib.llama_model_free(self._model)
         self._lib = self._batch = self._ctx = self._model = None
@@ -612,7 +625,8 @@ class LlamaCppLM:
         return (f"LlamaCppLM({self.path.name}, ctx={self.max_seq_len}, "
                 f"threads={self.n_threads}/{self.n_threads_batch}, flash_attn={self.flash_attn}"
                 f", mmap={self.mmap}, huge_pages={self.huge_pages}"
-                f"{'' if self.extra_bufts else ', no repacked weights'})")
+                f"{'' if self.extra_bufts else ', no repacked weights'}"
+                f"{', prefill copy' if self._prefill_copy is not None else ''})")
 
 
 @dataclass

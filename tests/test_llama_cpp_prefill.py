@@ -1,0 +1,168 @@
+"""The llama.cpp prefill copy (models/llama_cpp_prefill.py): long new parts decoded by a
+plain-layout second model and their cells moved back.
+
+SmolLM2's Q4_1 weights have no repacked layout, so there the copy runs the same
+kernels as the owner: its passes must give the owner's logits bit for bit, which
+checks the cache moves (in, out, after a prefix, on a second sequence, on errors).
+The default target (Q4_K, repacked) checks what the copy is for, in a slow test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import real
+from specdecode.models import llama_cpp
+
+if not llama_cpp.available():
+    if os.environ.get("CI"):
+        raise RuntimeError("CI must test the llama.cpp backend: run specdecode build-llama-cpp")
+    pytest.skip("llama.cpp is not built (specdecode build-llama-cpp)", allow_module_level=True)
+from specdecode.models import llama_cpp_prefill  # noqa: E402
+from specdecode.models.llama_cpp import LlamaCppLM  # noqa: E402
+
+PROMPT = list(range(200, 360))  # [160] token ids: one pass on the copy (>= MIN_NEW)
+MORE = list(range(500, 620))  # [120]: a second long part, after a cached prefix
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[LlamaCppLM, LlamaCppLM]:
+    """(with the copy, without): the same GGUF."""
+    path = real.path("smollm2-135m")
+    return (LlamaCppLM(path, max_seq_len=512, n_threads=2, prefill_copy=True),
+            LlamaCppLM(path, max_seq_len=512, n_threads=2))
+
+
+def run(lm, parts: list[list[int]], steps: int = 4) -> tuple[torch.Tensor, list[int]]:
+    """Prefill parts[0], greedy `steps` one-token steps, then each further part as one
+    pass and `steps` more; every scored row's logits and the cache's ids."""
+    rows = [lm.prefill(torch.tensor(parts[0])).logits[-1]]
+    for part in [None, *parts[1:]]:
+        if part is not None:
+            rows.append(lm.forward(torch.tensor(part), last_n=1).logits[-1])
+        for _ in range(steps):
+            nxt = int(rows[-1].argmax())
+            rows.append(lm.forward(torch.tensor([nxt]), last_n=1).logits[-1])
+    return torch.stack(rows), list(lm.cached_ids)
+
+
+def test_long_parts_go_to_the_copy_and_score_as_the_owner(pair):
+    copied, plain = pair
+    assert copied._prefill_copy is not None and plain._prefill_copy is None
+    assert "prefill copy" in repr(copied)
+    got, ids = run(copied, [PROMPT, MORE])
+    want, want_ids = run(plain, [PROMPT, MORE])
+    assert ids == want_ids and copied.cached_len == len(want_ids)
+    assert torch.equal(got, want)
+    # the copy's sequence holds what it decoded last: the prompt, 4 steps and MORE
+    assert copied._prefill_copy.lm.cached_ids == ids[:len(PROMPT) + 4 + len(MORE)]
+
+
+def test_short_passes_stay_on_the_owner(pair):
+    copied, _ = pair
+    copied.prefill(torch.tensor(PROMPT[:40]))  # < MIN_NEW: not the copy's
+    assert copied._prefill_copy.lm.cached_len == 0 or \
+        copied._prefill_copy.lm.cached_ids != copied.cached_ids
+    assert not llama_cpp_prefill.PrefillCopy.pays(0, llama_cpp_prefill.MIN_NEW - 1)
+    assert llama_cpp_prefill.PrefillCopy.pays(0, llama_cpp_prefill.MIN_NEW)
+    # a long part after a much longer cache costs more to move than it saves
+    assert not llama_cpp_prefill.PrefillCopy.pays(8000, 100)
+
+
+def test_a_second_sequence_is_prefilled_through_the_copy(pair):
+    """A second sequence makes the owner's context a unified multi-sequence one; the
+    copy's pass is a one-sequence context's (what a fresh model computes), and the cells
+    it moves back are that context's, byte for byte. (The next token's scores are not
+    compared: in a unified cache they depend on where the cells lie, which differs
+    between two models' histories.)"""
+    copied, _ = pair
+    seq = copied.sequence(1)
+    copied.prefill(torch.tensor(MORE))  # sequence 0 holds something else meanwhile
+    got = seq.prefill(torch.tensor(PROMPT)).logits
+    fresh = LlamaCppLM(real.path("smollm2-135m"), max_seq_len=512, n_threads=2)
+    assert torch.equal(got, fresh.prefill(torch.tensor(PROMPT)).logits)
+    assert seq.cached_ids == PROMPT and copied.cached_ids == MORE
+    moved, made = bytes(seq.snapshot().data), bytes(fresh.snapshot().data)
+    meta = 16 + 12 * len(PROMPT)  # a header and each cell's (position, sequence id) record
+    assert len(moved) == len(made) > 10 * meta and moved[meta:] == made[meta:]
+
+
+def test_a_failed_pass_leaves_the_cache_as_it_was(pair):
+    copied, _ = pair
+    copied.prefill(torch.tensor(PROMPT))
+    with pytest.raises(ValueError, match="context limit"):
+        copied.forward(torch.tensor(list(range(1000, 1400))), last_n=1)
+    assert copied.cached_ids == PROMPT
+    after = copied.forward(torch.tensor([5]), last_n=1).logits
+    copied.prefill(torch.tensor(PROMPT))
+    assert torch.equal(after, copied.forward(torch.tensor([5]), last_n=1).logits)
+
+
+def test_decide_forced_measured_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    path = real.path("smollm2-135m")
+    monkeypatch.setenv("SPECDECODE_PREFILL_COPY", "1")
+    assert LlamaCppLM(path, max_seq_len=256, n_threads=2, prefill_copy=None)._prefill_copy
+    monkeypatch.setenv("SPECDECODE_PREFILL_COPY", "0")
+    assert LlamaCppLM(path, max_seq_len=256, n_threads=2, prefill_copy=None)._prefill_copy is None
+    monkeypatch.delenv("SPECDECODE_PREFILL_COPY")
+    lm = LlamaCppLM(path, max_seq_len=256, n_threads=2, prefill_copy=None)
+    [saved] = (tmp_path / "costs").glob("prefill-copy-*.json")
+    record = json.loads(saved.read_text())
+    assert record["repacked_s"] > 0 and record["plain_s"] > 0
+    # Q4_1 is not repacked: both runs are the same kernels, never 0.8x apart
+    assert record["keep"] is False and lm._prefill_copy is None
+    record["keep"] = True  # a cached answer is used without measuring again
+    saved.write_text(json.dumps(record))
+    assert LlamaCppLM(path, max_seq_len=256, n_threads=2, prefill_copy=None)._prefill_copy
+
+
+@pytest.mark.slow
+def test_default_target_prompt_through_the_copy():
+    """The default target's Q4_K weights are repacked: the copy's prompt pass rounds apart
+    from the owner's in the last bits; the next token's scores stay close, and greedy
+    speculative decoding over the copy's cache follows plain decoding over it, parting
+    (if at all) only at a near-tie, as llama.cpp's batches do (README "Exactness")."""
+    from specdecode import NgramDrafter, SamplingParams, SpeculativeDecoder
+    from specdecode.models.loading import load_tokenizer
+
+    path = real.path("default")
+    copied = LlamaCppLM(path, max_seq_len=1024, prefill_copy=True)
+    assert copied.extra_bufts, "the default target's weights should be repacked here"
+    tok = load_tokenizer(path)
+    prompt = tok.encode("import re\n\n" + re_source()[:1500] + "\n\ndef escape_all(words):\n")
+    assert len(prompt) >= llama_cpp_prefill.MIN_NEW
+    via_copy = copied.prefill(torch.tensor(prompt)).logits[-1]
+    copied._prefill_copy, copy = None, copied._prefill_copy
+    own = copied.prefill(torch.tensor(prompt)).logits[-1]
+    copied._prefill_copy = copy
+    assert (via_copy - own).abs().max() < 0.5 * own.std()
+    assert copied._prefill_copy.lm.cached_len == len(prompt)  # the copy ran the prompt
+    plain, margins = greedy_with_margins(copied, prompt, 48)
+    spec = SpeculativeDecoder(copied, NgramDrafter(), 6, prefix_cache=False).generate(
+        prompt, SamplingParams(max_tokens=48)).token_ids
+    parted = next((i for i, (a, b) in enumerate(zip(spec, plain)) if a != b), None)
+    assert parted is None or margins[parted] < 0.25, (parted, margins[parted or 0])
+    copied.close()
+
+
+def greedy_with_margins(lm, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """Plain greedy decoding (one-token steps) and each step's top-2 logit margin."""
+    logits, out, margins = lm.prefill(torch.tensor(prompt)).logits[-1], [], []
+    for _ in range(n):
+        top = logits.topk(2).values
+        margins.append(float(top[0] - top[1]))
+        out.append(int(logits.argmax()))
+        logits = lm.forward(torch.tensor(out[-1:]), last_n=1).logits[-1]
+    return out, margins
+
+
+def re_source() -> str:
+    import re
+
+    with open(re.__file__) as f:
+        return f.read()
