@@ -53,7 +53,7 @@ def run(lm, parts: list[list[int]], steps: int = 4) -> tuple[torch.Tensor, list[
 def test_long_parts_go_to_the_copy_and_score_as_the_owner(pair):
     copied, plain = pair
     assert copied._prefill_copy is not None and plain._prefill_copy is None
-    assert "prefill copy" in repr(copied)
+    assert "plain-layout copy from 96 tokens" in repr(copied)
     got, ids = run(copied, [PROMPT, MORE])
     want, want_ids = run(plain, [PROMPT, MORE])
     assert ids == want_ids and copied.cached_len == len(want_ids)
@@ -64,13 +64,13 @@ def test_long_parts_go_to_the_copy_and_score_as_the_owner(pair):
 
 def test_short_passes_stay_on_the_owner(pair):
     copied, _ = pair
-    copied.prefill(torch.tensor(PROMPT[:40]))  # < MIN_NEW: not the copy's
-    assert copied._prefill_copy.lm.cached_len == 0 or \
-        copied._prefill_copy.lm.cached_ids != copied.cached_ids
-    assert not llama_cpp_prefill.PrefillCopy.pays(0, llama_cpp_prefill.MIN_NEW - 1)
-    assert llama_cpp_prefill.PrefillCopy.pays(0, llama_cpp_prefill.MIN_NEW)
+    copy = copied._prefill_copy
+    copied.prefill(torch.tensor(PROMPT[:40]))  # < min_new: not the copy's
+    assert copy.lm.cached_len == 0 or copy.lm.cached_ids != copied.cached_ids
+    assert copy.min_new == llama_cpp_prefill.FORCED_MIN_NEW
+    assert not copy.pays(0, copy.min_new - 1) and copy.pays(0, copy.min_new)
     # a long part after a much longer cache costs more to move than it saves
-    assert not llama_cpp_prefill.PrefillCopy.pays(8000, 100)
+    assert copy.pays(5000, 100) and not copy.pays(20000, 100)
 
 
 def test_a_second_sequence_is_prefilled_through_the_copy(pair):
@@ -105,20 +105,44 @@ def test_a_failed_pass_leaves_the_cache_as_it_was(pair):
 def test_decide_forced_measured_and_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
     path = real.path("smollm2-135m")
+
+    def copy_of():
+        return LlamaCppLM(path, max_seq_len=256, n_threads=2, prefill_copy=None)._prefill_copy
+
     monkeypatch.setenv("SPECDECODE_PREFILL_COPY", "1")
-    assert LlamaCppLM(path, max_seq_len=256, n_threads=2, prefill_copy=None)._prefill_copy
+    assert copy_of().min_new == llama_cpp_prefill.FORCED_MIN_NEW
     monkeypatch.setenv("SPECDECODE_PREFILL_COPY", "0")
-    assert LlamaCppLM(path, max_seq_len=256, n_threads=2, prefill_copy=None)._prefill_copy is None
+    assert copy_of() is None
     monkeypatch.delenv("SPECDECODE_PREFILL_COPY")
-    lm = LlamaCppLM(path, max_seq_len=256, n_threads=2, prefill_copy=None)
+    copy_of()  # measured once (Q4_1 is not repacked: the same kernels both ways)
     [saved] = (tmp_path / "costs").glob("prefill-copy-*.json")
     record = json.loads(saved.read_text())
-    assert record["repacked_s"] > 0 and record["plain_s"] > 0
-    # Q4_1 is not repacked: both runs are the same kernels, never 0.8x apart
-    assert record["keep"] is False and lm._prefill_copy is None
-    record["keep"] = True  # a cached answer is used without measuring again
+    sizes = [str(n) for n in llama_cpp_prefill.PROBE_SIZES]
+    assert list(record["repacked_s"]) == sizes and list(record["plain_s"]) == sizes
+    assert all(t > 0 for t in [*record["repacked_s"].values(), *record["plain_s"].values()])
+    record["min_new"] = 33  # a cached answer is used without measuring again
     saved.write_text(json.dumps(record))
-    assert LlamaCppLM(path, max_seq_len=256, n_threads=2, prefill_copy=None)._prefill_copy
+    assert copy_of().min_new == 33 and llama_cpp_prefill.planned(path)
+    record["min_new"] = None
+    saved.write_text(json.dumps(record))
+    assert copy_of() is None and not llama_cpp_prefill.planned(path)
+
+
+@pytest.mark.parametrize("plain, min_new", [
+    ({17: 1.2, 33: 1.6, 65: 3.0, 128: 5.0}, 33),  # pays from 33 tokens on
+    ({17: 0.5, 33: 1.6, 65: 3.9, 128: 5.0}, 128),  # 65 does not: only 128 (not 17)
+    ({17: 1.0, 33: 2.0, 65: 4.0, 128: 8.0}, None),  # the same times: never
+])
+def test_decide_takes_the_smallest_size_from_which_on_the_copy_pays(
+        tmp_path, monkeypatch, plain, min_new):
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    monkeypatch.delenv("SPECDECODE_PREFILL_COPY", raising=False)
+    repacked = {17: 1.0, 33: 2.0, 65: 4.0, 128: 8.0}
+    monkeypatch.setattr(llama_cpp_prefill, "_probe", lambda lm, n: (
+        plain if lm._prefill_copy is None and not lm.extra_bufts else repacked)[n])
+    lm = LlamaCppLM(real.path("smollm2-135m"), max_seq_len=256, n_threads=2)
+    assert lm.extra_bufts
+    assert llama_cpp_prefill.decide(lm) == min_new
 
 
 @pytest.mark.slow
@@ -135,7 +159,7 @@ def test_default_target_prompt_through_the_copy():
     assert copied.extra_bufts, "the default target's weights should be repacked here"
     tok = load_tokenizer(path)
     prompt = tok.encode("import re\n\n" + re_source()[:1500] + "\n\ndef escape_all(words):\n")
-    assert len(prompt) >= llama_cpp_prefill.MIN_NEW
+    assert len(prompt) >= copied._prefill_copy.min_new
     via_copy = copied.prefill(torch.tensor(prompt)).logits[-1]
     copied._prefill_copy, copy = None, copied._prefill_copy
     own = copied.prefill(torch.tensor(prompt)).logits[-1]
@@ -143,10 +167,14 @@ def test_default_target_prompt_through_the_copy():
     assert (via_copy - own).abs().max() < 0.5 * own.std()
     assert copied._prefill_copy.lm.cached_len == len(prompt)  # the copy ran the prompt
     plain, margins = greedy_with_margins(copied, prompt, 48)
-    spec = SpeculativeDecoder(copied, NgramDrafter(), 6, prefix_cache=False).generate(
-        prompt, SamplingParams(max_tokens=48)).token_ids
-    parted = next((i for i, (a, b) in enumerate(zip(spec, plain)) if a != b), None)
-    assert parted is None or margins[parted] < 0.25, (parted, margins[parted or 0])
+    for min_new in (96, 4):  # verifications on the repacked weights, then on the copy
+        copied._prefill_copy.min_new = min_new
+        spec = SpeculativeDecoder(copied, NgramDrafter(), 6, prefix_cache=False).generate(
+            prompt, SamplingParams(max_tokens=48))
+        assert spec.stats.drafted > 0
+        parted = next((i for i, (a, b) in enumerate(zip(spec.token_ids, plain)) if a != b),
+                      None)
+        assert parted is None or margins[parted] < 0.25, (min_new, parted, margins[parted])
     copied.close()
 
 

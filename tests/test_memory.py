@@ -109,7 +109,7 @@ def test_an_eagle3_head_counts_its_files_and_its_kv_cache(tmp_path):
 
 
 @pytest.mark.parametrize("copy", ["0", "1"])
-def test_llama_cpp_prompt_copy_is_planned_where_it_will_be_loaded(monkeypatch, copy):
+def test_llama_cpp_plain_layout_copy_is_planned_where_it_will_be_loaded(monkeypatch, copy):
     """models/llama_cpp_prefill.py: forced on, the plan counts the copy's mapped weights
     (the file again), KV cache and compute buffer; forced off, nothing of it."""
     monkeypatch.setenv("SPECDECODE_PREFILL_COPY", copy)
@@ -117,10 +117,10 @@ def test_llama_cpp_prompt_copy_is_planned_where_it_will_be_loaded(monkeypatch, c
     plan = memory.memory_plan(LoadSpec(str(path), backend="llama.cpp", drafter="ngram",
                                        max_seq_len=512))
     parts = {p.name: p.bytes for p in plan.parts}
-    copied = {n: b for n, b in parts.items() if "prompt copy" in n}
+    copied = {n: b for n, b in parts.items() if "plain-layout copy" in n}
     if copy == "0":
         assert not copied
         return
-    assert copied["target prompt copy: weights (mapped)"] == path.stat().st_size
-    assert copied["target prompt copy: KV cache and compute buffer"] > \
+    assert copied["target plain-layout copy: weights (mapped)"] == path.stat().st_size
+    assert copied["target plain-layout copy: KV cache and compute buffer"] > \
         parts["target KV cache (512 tokens)"]

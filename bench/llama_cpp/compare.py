@@ -164,6 +164,8 @@ def _serve(conn, load_kwargs: dict) -> None:
     from specdecode.llm import LLM
 
     wrong = load_kwargs.pop("wrong_drafts", False)
+    if "copy" in load_kwargs:  # llama_cpp_prefill's plain-layout copy forced on (1) or off (0)
+        os.environ["SPECDECODE_PREFILL_COPY"] = load_kwargs.pop("copy")
     try:
         llm = LLM.load("default", backend="llama.cpp", max_seq_len=4096, **load_kwargs)
     except Exception as e:  # reported to the parent, which stops the run
@@ -214,6 +216,9 @@ def main() -> int:
                     help="also run the adaptive engine with the n-gram drafter")
     ap.add_argument("--wrong-drafts", action="store_true",
                     help="also run the shipped default with every draft token forced wrong")
+    ap.add_argument("--copy-rows", action="store_true",
+                    help="also run the shipped default without llama.cpp's plain-layout copy "
+                         "(SPECDECODE_PREFILL_COPY=0) and with it for prompts only (=1)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", type=int, default=1,
@@ -240,6 +245,11 @@ def main() -> int:
     if args.wrong_drafts:
         engines.append(Engine("specdecode auto, drafts forced wrong", drafter=args.drafter,
                               wrong_drafts=True))
+    if args.copy_rows:
+        engines += [Engine("specdecode auto, no plain-layout copy", drafter=args.drafter,
+                           copy="0"),
+                    Engine("specdecode auto, copy for prompts only", drafter=args.drafter,
+                           copy="1")]
     if args.draft_k:
         engines.append(Engine(f"specdecode draft-model k={args.draft_k}", drafter="draft-model",
                               k=args.draft_k, adaptive=False))

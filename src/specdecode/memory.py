@@ -6,7 +6,7 @@ adds up, from model metadata and file sizes only (limits.py's arithmetic):
 - target weights: torch, the parameters in the chosen dtype (+ RoPE tables);
   llama.cpp, the GGUF file (its tensors are read into memory, not mapped);
 - the target's KV cache at the configured context (torch: the dtype; llama.cpp:
-  its f16 cache type); on llama.cpp, where its prompt copy is known to be used
+  its f16 cache type); on llama.cpp, where its plain-layout copy is known to be used
   (models/llama_cpp_prefill.py: forced, or measured to pay before), that copy's
   mapped weights, KV cache and compute buffer too;
 - the draft model's weights (torch int8: linears at one byte plus the bf16
@@ -194,8 +194,9 @@ def _model_parts(role: str, path: Path, backend: str, cfg, spec: LoadSpec, conte
              Part(f"{role} KV cache ({context} tokens)", kv, "kv")]
     if backend == "llama.cpp" and path.is_file() and llama_cpp_prefill.planned(path):
         buffer = LLAMA_CPP_BATCH * (cfg.vocab_size + 4 * cfg.hidden_size) * 4 if cfg else 0
-        parts += [Part(f"{role} prompt copy: weights (mapped)", weights, kind),
-                  Part(f"{role} prompt copy: KV cache and compute buffer", kv + buffer, "kv")]
+        parts += [Part(f"{role} plain-layout copy: weights (mapped)", weights, kind),
+                  Part(f"{role} plain-layout copy: KV cache and compute buffer", kv + buffer,
+                       "kv")]
     return parts
 
 

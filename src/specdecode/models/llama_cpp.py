@@ -160,9 +160,10 @@ class LlamaCppLM:
         were as fast as the best case every time). None: on unless
         SPECDECODE_HUGE_PAGES=0. Costs 2-5 s of load time for the default
         pair; `huge_page_bytes` says how much memory it backed.
-        prefill_copy: run long new parts (prompts) on a second, memory-mapped copy of
-        the weights in llama.cpp's plain layout (llama_cpp_prefill.py); None: where
-        measured to pay on this machine (llama_cpp_prefill.decide)."""
+        prefill_copy: run long passes (prompts, long verifications) on a second,
+        memory-mapped copy of the weights in llama.cpp's plain layout
+        (llama_cpp_prefill.py); True: from 96 new tokens on; None: from the length
+        measured to pay on this machine (llama_cpp_prefill.decide), if any."""
         self._lib = _lib()
         self._model = self._ctx = self._batch = None
         # Torch's threads are the loader's business (threads.py: one thread beside a
@@ -185,8 +186,10 @@ class LlamaCppLM:
         self._make_context(self.max_seq_len, 1)
         self.path = path
         self._prefill_copy = None
-        if prefill_copy or (prefill_copy is None and llama_cpp_prefill.decide(self)):
-            self._prefill_copy = llama_cpp_prefill.PrefillCopy(self)
+        min_new = (llama_cpp_prefill.FORCED_MIN_NEW if prefill_copy
+                   else llama_cpp_prefill.decide(self) if prefill_copy is None else None)
+        if min_new:
+            self._prefill_copy = llama_cpp_prefill.PrefillCopy(self, min_new)
 
     def _load_weights(self, path: Path, extra_bufts: bool | None, mmap: bool,
                       huge_pages: bool | None) -> None:
@@ -626,7 +629,11 @@ class LlamaCppLM:
                 f"threads={self.n_threads}/{self.n_threads_batch}, flash_attn={self.flash_attn}"
                 f", mmap={self.mmap}, huge_pages={self.huge_pages}"
                 f"{'' if self.extra_bufts else ', no repacked weights'}"
-                f"{', prefill copy' if self._prefill_copy is not None else ''})")
+                f"{self._copy_note()})")
+
+    def _copy_note(self) -> str:
+        copy = getattr(self, "_prefill_copy", None)
+        return "" if copy is None else f", plain-layout copy from {copy.min_new} tokens"
 
 
 @dataclass

@@ -1,112 +1,159 @@
-"""Long new parts (prompts) prefilled by a second llama.cpp model in the plain weight layout.
+"""Long passes (prompts, a new turn, long verifications) run by a second llama.cpp model
+in the plain weight layout.
 
 llama.cpp repacks Q4_K/Q4_0/IQ4_NL weights into interleaved layouts (its CPU "extra
 buffers") that make one-token steps faster, but on some CPUs its batched kernels over
 those layouts are slower than over the plain layout. Measured on a 2-core AMD EPYC
-(Zen 5, AVX-512), default target, one process, 1300-token context: one-token step
-37 ms repacked vs 44-50 ms plain; a 1300-token prompt 8.8 s repacked vs 5.6 s
-plain (130 vs 195-240 tok/s); a 64-token batch 660 vs ~500 ms.
+(Zen 5, AVX-512), default target, one process: a 1300-token prompt 11.5 s repacked
+vs 7.4 s plain (median of 5, interleaved); one-token step 37 ms repacked vs 44-50 ms
+plain; after a 300-token context, 65 tokens 17.2 plain steps repacked vs 12.5 on
+the copy, 17 tokens 6.0 vs 7.1.
 
 `PrefillCopy` holds a second `LlamaCppLM` over the same GGUF without repacking, its
 weights memory-mapped (the file's pages, shared with the page cache), with its own
-one-sequence context. `LlamaCppLM` hands it a chain pass of at least `MIN_NEW` new
+one-sequence context. `LlamaCppLM` hands it a chain pass of at least `min_new` new
 tokens where moving the cache there and back costs less than it saves (`pays`):
 the sequence's cells are copied into the copy's context (llama_state_seq_get/set_data:
-the same f16 keys/values, byte for byte), the copy decodes the new tokens, and its
-cells are copied back. Short passes (one-token steps, verifications of up to 65
-tokens) stay on the repacked weights.
+the same f16 keys/values, byte for byte, through one reused buffer: ~3.5 ms each
+way per 1500 cached tokens of the default target), the copy decodes the new tokens,
+and its cells are copied back. Shorter passes (one-token steps, short
+verifications) stay on the repacked weights.
 
 Exactness: the copy's kernels round differently from the repacked ones, as a batch
-does from one-token steps; a prompt's keys/values differ in the last bits from a
-prefill by the repacked model. Speculative and plain decoding in this engine both
-prefill this way, so their outputs are compared over the same cache.
+does from one-token steps: a prompt's keys/values differ in the last bits from a
+repacked prefill's, and a long verification's logits from one-token steps'. Plain
+and speculative decoding in this engine both prefill this way.
 
-`decide(owner)` says whether the copy pays on this machine: None unless the owner
-repacks; else a 128-token pass timed on both (best of three), the copy kept when it
-takes at most `KEEP_BELOW` of the repacked time, the answer cached per CPU, library
-and GGUF file under $SPECDECODE_CACHE/costs (`planned` reads it for the memory plan).
-SPECDECODE_PREFILL_COPY=1/0 forces it on/off. It is not loaded where twice its
-memory (mapped weights, KV cache, compute buffer) is not free.
+`decide(owner)` says from which pass length the copy pays on this machine (None:
+never): nothing unless the owner repacks; else passes of `PROBE_SIZES` tokens timed
+on both (best of two after one untimed), `min_new` the smallest size from which on
+the copy takes at most `KEEP_BELOW` of the repacked time; cached per CPU, library
+and GGUF file under $SPECDECODE_CACHE/costs (`planned` reads it for the memory
+plan). SPECDECODE_PREFILL_COPY=1 forces it on (prompts only: `FORCED_MIN_NEW`),
+0 off. It is not loaded where twice its memory (mapped weights, KV cache, compute
+buffer) is not free.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from specdecode import limits
 from specdecode.models.base import ForwardOutput
 
-MIN_NEW = 96  # new tokens: below this a pass stays on the repacked weights
-TRANSFER_RATIO = 32  # and the new tokens must be >= 1/32 of the sequence after the pass
-KEEP_BELOW = 0.8  # the copy is kept when its 128-token pass takes <= 0.8 of the repacked
-PROBE_TOKENS = 128
+PROBE_SIZES = (17, 33, 65, 128)  # pass lengths timed on both layouts
+KEEP_BELOW = 0.85  # a size goes to the copy when it takes <= 0.85 of the repacked time
+FORCED_MIN_NEW = 96  # forced on without a measurement: prompts and new turns only
+# A pass goes to the copy only when the new tokens are >= 1/100 of the cache after
+# it: the moves cost ~5 ms per 1000 cached tokens each way (default target), the
+# copy saves ~1.5-5 ms per new token from 33 tokens on (module doc's numbers).
+TRANSFER_RATIO = 100
 
 
 class PrefillCopy:
     """A plain-layout, memory-mapped second model of `owner`'s GGUF (see the module doc)."""
 
-    def __init__(self, owner) -> None:
+    def __init__(self, owner, min_new: int = FORCED_MIN_NEW) -> None:
         from specdecode.models.llama_cpp import LlamaCppLM
 
+        self.min_new = min_new
         self.lm = LlamaCppLM(owner.path, max_seq_len=owner.max_seq_len,
                              n_threads=owner.n_threads, n_threads_batch=owner.n_threads_batch,
                              n_batch=owner.n_batch, flash_attn=owner.flash_attn,
                              extra_bufts=False, mmap=True, huge_pages=None,
                              prefill_copy=False)
+        self._buffer = np.empty(0, dtype=np.uint8)  # reused by every move
 
-    @staticmethod
-    def pays(start: int, new: int) -> bool:
+    def pays(self, start: int, new: int) -> bool:
         """Whether a chain pass of `new` tokens after `start` cached ones goes to the copy."""
-        return new >= MIN_NEW and new * TRANSFER_RATIO >= start + new
+        return new >= self.min_new and new * TRANSFER_RATIO >= start + new
 
     def run(self, owner, seq, ids: torch.Tensor,  # ids: [T] int64
             last_n: int | None, embeddings: bool) -> ForwardOutput:
         """Decode ids after `seq`'s cells on the copy and put the result in `seq`.
         On an error `seq` is left as it was."""
         mine = self.lm._seq0
-        if seq.length:
-            self.lm._restore(mine, owner._snapshot(seq))
-        else:
-            self.lm._rollback(mine, 0)
+        self._move(owner, seq, self.lm, mine)
         try:
             out = self.lm._forward(mine, ids, last_n, embeddings, None, None)
         except Exception:
             self.lm._rollback(mine, 0)
             raise
-        owner._restore(seq, self.lm._snapshot(mine))
+        self._move(self.lm, mine, owner, seq)
         return out
+
+    def _move(self, src, src_seq, dst, dst_seq) -> None:
+        """Replace dst_seq's cells by src_seq's (two LlamaCppLMs of the same GGUF)."""
+        dst._rollback(dst_seq, 0)
+        if src_seq.length:
+            lib = src._lib
+            size = lib.llama_state_seq_get_size(src._ctx, src_seq.seq_id)
+            if self._buffer.size < size:
+                self._buffer = np.empty(int(size * 1.25), dtype=np.uint8)
+            ptr = self._buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+            size = lib.llama_state_seq_get_data(src._ctx, ptr, size, src_seq.seq_id)
+            if lib.llama_state_seq_set_data(dst._ctx, ptr, size, dst_seq.seq_id) != size:
+                dst._rollback(dst_seq, 0)
+                raise RuntimeError(f"llama.cpp could not move sequence {src_seq.seq_id}")
+        dst_seq.length, dst_seq.ids = src_seq.length, list(src_seq.ids)
 
     def close(self) -> None:
         self.lm.close()
 
 
-def decide(owner) -> bool:
-    """Whether `owner` (a LlamaCppLM) should prefill through a PrefillCopy (module doc)."""
+def decide(owner) -> int | None:
+    """From which pass length `owner` (a LlamaCppLM) should use a PrefillCopy; None:
+    never (module doc)."""
     forced = os.environ.get("SPECDECODE_PREFILL_COPY", "").strip()
     if forced in ("0", "1"):
-        return forced == "1" and owner.extra_bufts
+        return FORCED_MIN_NEW if forced == "1" and owner.extra_bufts else None
     if not owner.extra_bufts or not _fits(owner):
-        return False
+        return None
     path = _cache_path(owner.path)
     known = _cached(path)
     if known is not None:
-        return known
+        return known.get("min_new")
     copy = PrefillCopy(owner)
     try:
-        repacked, plain = _probe(owner), _probe(copy.lm)
+        repacked = {n: _probe(owner, n) for n in PROBE_SIZES}
+        plain = {n: _probe(copy.lm, n) for n in PROBE_SIZES}
     finally:
         copy.close()
-    keep = plain <= KEEP_BELOW * repacked
+    min_new = None
+    for n in sorted(PROBE_SIZES, reverse=True):  # the smallest size from which on it pays
+        if plain[n] > KEEP_BELOW * repacked[n]:
+            break
+        min_new = n
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"repacked_s": repacked, "plain_s": plain, "keep": keep,
-                                "tokens": PROBE_TOKENS}))
-    return keep
+    path.write_text(json.dumps({"repacked_s": repacked, "plain_s": plain,
+                                "min_new": min_new}))
+    return min_new
+
+
+def planned(gguf: Path) -> bool:
+    """Whether a target loaded from this GGUF will have a copy, as far as known without
+    measuring (forced, or decided before on this machine): the memory plan's question."""
+    forced = os.environ.get("SPECDECODE_PREFILL_COPY", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    known = _cached(_cache_path(gguf))
+    return bool(known and known.get("min_new"))
+
+
+def _cached(path: Path) -> dict | None:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and "min_new" in record else None
 
 
 def _fits(owner) -> bool:
@@ -117,35 +164,19 @@ def _fits(owner) -> bool:
     return avail is None or 2 * need <= avail
 
 
-def _probe(lm) -> float:
-    """Best of three timed passes of PROBE_TOKENS tokens from an empty cache (after
-    one untimed); the cache is left empty."""
-    ids = torch.arange(PROBE_TOKENS) * 7 % max(2, lm.vocab_size - 1) + 1  # [PROBE] int64
+def _probe(lm, n: int) -> float:
+    """Best of two timed passes of n tokens from an empty cache (after one untimed);
+    the cache is left empty."""
+    ids = torch.arange(n) * 7 % max(2, lm.vocab_size - 1) + 1  # [n] int64
     times = []
-    for r in range(4):
+    for r in range(3):
         lm.rollback(0)
         start = time.perf_counter()
-        lm.forward(ids, last_n=1)
+        lm.forward(ids, last_n=n)
         if r:
             times.append(time.perf_counter() - start)
     lm.rollback(0)
     return min(times)
-
-
-def planned(gguf: Path) -> bool:
-    """Whether a target loaded from this GGUF will have a copy, as far as known without
-    measuring (forced, or decided before on this machine): the memory plan's question."""
-    forced = os.environ.get("SPECDECODE_PREFILL_COPY", "").strip()
-    if forced in ("0", "1"):
-        return forced == "1"
-    return bool(_cached(_cache_path(gguf)))
-
-
-def _cached(path: Path) -> bool | None:
-    try:
-        return bool(json.loads(path.read_text())["keep"])
-    except (OSError, ValueError, KeyError):
-        return None
 
 
 def _cache_path(gguf: Path) -> Path:
@@ -154,7 +185,7 @@ def _cache_path(gguf: Path) -> Path:
     from specdecode.models.llama_cpp import use_cached_build
 
     path = Path(gguf)
-    key = "|".join(["prefill-copy", cpu_name(), use_cached_build() or "wheel", path.name,
+    key = "|".join(["prefill-copy-v2", cpu_name(), use_cached_build() or "wheel", path.name,
                     str(path.stat().st_size)])
     return costs_dir() / ("prefill-copy-" + hashlib.sha256(key.encode()).hexdigest()[:20]
                           + ".json")
