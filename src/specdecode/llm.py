@@ -394,8 +394,9 @@ def _load_torch(path: Path, *, dtype: str, device: str, max_seq_len: int | None)
 
 
 def _load_llama_cpp(path: Path, *, dtype: str, device: str, max_seq_len: int | None) -> Loaded:
-    """The GGUF's own weights (`dtype` does not apply; the device is cpu); long prompts
-    prefilled by a plain-layout copy where that is measured to pay (llama_cpp_prefill.py)."""
+    """The GGUF's own weights (`dtype` does not apply; the device is cpu); long passes
+    (prompts, long verifications) on a plain-layout copy where that is measured to pay
+    (models/llama_cpp_prefill.py)."""
     from specdecode.models import loading
     from specdecode.models.llama_cpp import LlamaCppLM
 
