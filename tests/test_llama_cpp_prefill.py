@@ -91,15 +91,45 @@ def test_a_second_sequence_is_prefilled_through_the_copy(pair):
     assert len(moved) == len(made) > 10 * meta and moved[meta:] == made[meta:]
 
 
-def test_a_failed_pass_leaves_the_cache_as_it_was(pair):
+def test_a_failed_pass_leaves_the_cache_as_it_was(pair, monkeypatch):
     copied, _ = pair
     copied.prefill(torch.tensor(PROMPT))
-    with pytest.raises(ValueError, match="context limit"):
+    with pytest.raises(ValueError, match="context limit"):  # refused before the copy
         copied.forward(torch.tensor(list(range(1000, 1400))), last_n=1)
     assert copied.cached_ids == PROMPT
     after = copied.forward(torch.tensor([5]), last_n=1).logits
-    copied.prefill(torch.tensor(PROMPT))
+
+    def broken(*args, **kw):
+        raise RuntimeError("llama_decode failed")
+
+    with monkeypatch.context() as m:  # the copy's own pass fails
+        m.setattr(copied._prefill_copy.lm, "_decode", broken)
+        with pytest.raises(RuntimeError, match="llama_decode failed"):
+            copied.forward(torch.tensor(MORE), last_n=1)
+    assert copied.cached_ids == PROMPT + [5]
+    copied.rollback(len(PROMPT))
     assert torch.equal(after, copied.forward(torch.tensor([5]), last_n=1).logits)
+
+
+def test_a_failed_move_back_empties_the_sequence(pair, monkeypatch):
+    """llama.cpp refusing the cells (set_data copies nothing): a RuntimeError and an
+    empty, consistent sequence that the next prompt fills again."""
+    copied, plain = pair
+    copied.prefill(torch.tensor(PROMPT))
+    lib = copied._lib
+    calls = []
+
+    def refuse_second(ctx, src, size, seq_id, real=lib.llama_state_seq_set_data):
+        calls.append(seq_id)  # the first move (into the copy) works, the way back not
+        return real(ctx, src, size, seq_id) if len(calls) == 1 else 0
+
+    with monkeypatch.context() as m:
+        m.setattr(lib, "llama_state_seq_set_data", refuse_second)
+        with pytest.raises(RuntimeError, match="could not move"):
+            copied.forward(torch.tensor(MORE), last_n=1)
+    assert copied.cached_len == 0 and copied.cached_ids == []
+    assert torch.equal(copied.prefill(torch.tensor(PROMPT)).logits,
+                       plain.prefill(torch.tensor(PROMPT)).logits)
 
 
 def test_decide_forced_measured_and_cached(tmp_path, monkeypatch):
@@ -126,6 +156,22 @@ def test_decide_forced_measured_and_cached(tmp_path, monkeypatch):
     record["min_new"] = None
     saved.write_text(json.dumps(record))
     assert copy_of() is None and not llama_cpp_prefill.planned(path)
+
+
+def test_decide_times_only_sizes_the_context_holds(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    monkeypatch.delenv("SPECDECODE_PREFILL_COPY", raising=False)
+    lm = LlamaCppLM(real.path("smollm2-135m"), max_seq_len=64, n_threads=2, prefill_copy=None)
+    assert lm.cached_len == 0
+    [saved] = (tmp_path / "costs").glob("prefill-copy-*.json")
+    assert list(json.loads(saved.read_text())["plain_s"]) == ["17", "33"]
+
+
+def test_no_copy_where_twice_its_memory_is_not_free(monkeypatch):
+    monkeypatch.setenv("SPECDECODE_PREFILL_COPY", "1")
+    monkeypatch.setattr(llama_cpp_prefill.limits, "available_bytes", lambda: 150 << 20)
+    lm = LlamaCppLM(real.path("smollm2-135m"), max_seq_len=256, n_threads=2, prefill_copy=None)
+    assert lm._prefill_copy is None
 
 
 @pytest.mark.parametrize("plain, min_new", [

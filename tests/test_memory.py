@@ -124,3 +124,7 @@ def test_llama_cpp_plain_layout_copy_is_planned_where_it_will_be_loaded(monkeypa
     assert copied["target plain-layout copy: weights (mapped)"] == path.stat().st_size
     assert copied["target plain-layout copy: KV cache and compute buffer"] > \
         parts["target KV cache (512 tokens)"]
+    # optional (loaded only where twice it is free): in the peak, not in what must fit
+    assert plan.predicted_peak == sum(parts.values())
+    assert plan.total == sum(b for n, b in parts.items()
+                             if n not in copied and n != "process now")

@@ -8,7 +8,9 @@ adds up, from model metadata and file sizes only (limits.py's arithmetic):
 - the target's KV cache at the configured context (torch: the dtype; llama.cpp:
   its f16 cache type); on llama.cpp, where its plain-layout copy is known to be used
   (models/llama_cpp_prefill.py: forced, or measured to pay before), that copy's
-  mapped weights, KV cache and compute buffer too;
+  mapped weights, KV cache and compute buffer too, as optional parts (in the
+  predicted peak, not in the total a load must fit: the copy is loaded only
+  where twice its memory is free);
 - the draft model's weights (torch int8: linears at one byte plus the bf16
   embedding; llama.cpp: its GGUF) and KV cache at the same context, or a
   trained head's files (hidden-head, eagle3);
@@ -48,6 +50,7 @@ LOWER = {
     "kv": "a shorter <max_seq_len>",
     "activations": "a smaller <k> or a shorter <max_seq_len>",
     "process": "nothing (the interpreter and libraries)",
+    "optional": "SPECDECODE_PREFILL_COPY=0 (loaded only where twice it is free)",
 }
 
 
@@ -64,8 +67,9 @@ class Part:
 class MemoryPlan:
     """The parts a load will hold and the memory available for them (None: unknown).
 
-    `total` is what loading adds (every part but the process's own); the process's
-    peak resident set should come to about `predicted_peak` = total + process."""
+    `total` is what loading adds (every part but the process's own and the optional
+    ones: llama.cpp's plain-layout copy, loaded only where twice it is free); the
+    process's peak resident set should come to about `predicted_peak` = every part."""
 
     parts: tuple[Part, ...]
     available: int | None
@@ -74,7 +78,7 @@ class MemoryPlan:
 
     @property
     def total(self) -> int:
-        return sum(p.bytes for p in self.parts if p.kind != "process")
+        return sum(p.bytes for p in self.parts if p.kind not in ("process", "optional"))
 
     @property
     def predicted_peak(self) -> int:
@@ -109,7 +113,8 @@ class MemoryPlan:
         lowers each (options marked <name>, rendered as flags on the CLI)."""
         if self.fits:
             return
-        big = sorted((p for p in self.parts if p.kind != "process"), key=lambda p: -p.bytes)
+        big = sorted((p for p in self.parts if p.kind not in ("process", "optional")),
+                     key=lambda p: -p.bytes)
         named = "; ".join(f"{p.name} {p.bytes / limits.GB:.1f} GB (lower it: "
                           f"{LOWER[p.kind]})" for p in big[:3])
         raise OptionError(
@@ -194,9 +199,9 @@ def _model_parts(role: str, path: Path, backend: str, cfg, spec: LoadSpec, conte
              Part(f"{role} KV cache ({context} tokens)", kv, "kv")]
     if backend == "llama.cpp" and path.is_file() and llama_cpp_prefill.planned(path):
         buffer = LLAMA_CPP_BATCH * (cfg.vocab_size + 4 * cfg.hidden_size) * 4 if cfg else 0
-        parts += [Part(f"{role} plain-layout copy: weights (mapped)", weights, kind),
+        parts += [Part(f"{role} plain-layout copy: weights (mapped)", weights, "optional"),
                   Part(f"{role} plain-layout copy: KV cache and compute buffer", kv + buffer,
-                       "kv")]
+                       "optional")]
     return parts
 
 

@@ -29,19 +29,24 @@ never): nothing unless the owner repacks; else passes of `PROBE_SIZES` tokens ti
 on both (best of two after one untimed), `min_new` the smallest size from which on
 the copy takes at most `KEEP_BELOW` of the repacked time; cached per CPU, library
 and GGUF file under $SPECDECODE_CACHE/costs (`planned` reads it for the memory
-plan). SPECDECODE_PREFILL_COPY=1 forces it on (prompts only: `FORCED_MIN_NEW`),
-0 off. It is not loaded where twice its memory (mapped weights, KV cache, compute
-buffer) is not free.
+plan). SPECDECODE_PREFILL_COPY=1 forces it on (prompts only: `FORCED_MIN_NEW`,
+also where nothing is repacked), 0 off. It is not loaded where twice its memory
+(mapped weights, KV cache, compute buffer) is not free (forced or not; only
+`LlamaCppLM(prefill_copy=True)` skips the checks). Sizes at or above the context
+are not timed. The decision is not re-measured when the machine is busy later;
+the cache key has no threads or flash-attention setting (both as the owner's).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -49,11 +54,14 @@ import torch
 from specdecode import limits
 from specdecode.models.base import ForwardOutput
 
+if TYPE_CHECKING:
+    from specdecode.models.llama_cpp import LlamaCppLM, _Seq
+
 PROBE_SIZES = (17, 33, 65, 128)  # pass lengths timed on both layouts
 KEEP_BELOW = 0.85  # a size goes to the copy when it takes <= 0.85 of the repacked time
 FORCED_MIN_NEW = 96  # forced on without a measurement: prompts and new turns only
 # A pass goes to the copy only when the new tokens are >= 1/100 of the cache after
-# it: the moves cost ~5 ms per 1000 cached tokens each way (default target), the
+# it: the moves cost ~2.5 ms per 1000 cached tokens each way (default target), the
 # copy saves ~1.5-5 ms per new token from 33 tokens on (module doc's numbers).
 TRANSFER_RATIO = 100
 
@@ -61,7 +69,7 @@ TRANSFER_RATIO = 100
 class PrefillCopy:
     """A plain-layout, memory-mapped second model of `owner`'s GGUF (see the module doc)."""
 
-    def __init__(self, owner, min_new: int = FORCED_MIN_NEW) -> None:
+    def __init__(self, owner: LlamaCppLM, min_new: int = FORCED_MIN_NEW) -> None:
         from specdecode.models.llama_cpp import LlamaCppLM
 
         self.min_new = min_new
@@ -76,10 +84,11 @@ class PrefillCopy:
         """Whether a chain pass of `new` tokens after `start` cached ones goes to the copy."""
         return new >= self.min_new and new * TRANSFER_RATIO >= start + new
 
-    def run(self, owner, seq, ids: torch.Tensor,  # ids: [T] int64
+    def run(self, owner: LlamaCppLM, seq: _Seq, ids: torch.Tensor,  # ids: [T] int64
             last_n: int | None, embeddings: bool) -> ForwardOutput:
         """Decode ids after `seq`'s cells on the copy and put the result in `seq`.
-        On an error `seq` is left as it was."""
+        An error in the copy's pass leaves `seq` as it was; one in moving the cells
+        back (a RuntimeError, not seen so far) leaves it empty."""
         mine = self.lm._seq0
         self._move(owner, seq, self.lm, mine)
         try:
@@ -90,8 +99,9 @@ class PrefillCopy:
         self._move(self.lm, mine, owner, seq)
         return out
 
-    def _move(self, src, src_seq, dst, dst_seq) -> None:
-        """Replace dst_seq's cells by src_seq's (two LlamaCppLMs of the same GGUF)."""
+    def _move(self, src: LlamaCppLM, src_seq: _Seq, dst: LlamaCppLM, dst_seq: _Seq) -> None:
+        """Replace dst_seq's cells by src_seq's (two LlamaCppLMs of the same GGUF); a
+        RuntimeError, dst_seq empty, if llama.cpp copies less than the whole state."""
         dst._rollback(dst_seq, 0)
         if src_seq.length:
             lib = src._lib
@@ -99,43 +109,58 @@ class PrefillCopy:
             if self._buffer.size < size:
                 self._buffer = np.empty(int(size * 1.25), dtype=np.uint8)
             ptr = self._buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-            size = lib.llama_state_seq_get_data(src._ctx, ptr, size, src_seq.seq_id)
-            if lib.llama_state_seq_set_data(dst._ctx, ptr, size, dst_seq.seq_id) != size:
+            written = lib.llama_state_seq_get_data(src._ctx, ptr, size, src_seq.seq_id)
+            if not 0 < written <= size or lib.llama_state_seq_set_data(
+                    dst._ctx, ptr, written, dst_seq.seq_id) != written:
                 dst._rollback(dst_seq, 0)
                 raise RuntimeError(f"llama.cpp could not move sequence {src_seq.seq_id}")
         dst_seq.length, dst_seq.ids = src_seq.length, list(src_seq.ids)
 
     def close(self) -> None:
+        """Free the copy's model and context."""
         self.lm.close()
 
 
-def decide(owner) -> int | None:
-    """From which pass length `owner` (a LlamaCppLM) should use a PrefillCopy; None:
-    never (module doc)."""
+def decide(owner: LlamaCppLM) -> int | None:
+    """From which pass length `owner` should use a PrefillCopy; None: never (module
+    doc). A measurement that fails (too small a context, no memory, an unwritable
+    cache) is None, not an error: the copy is a speed-up, never a condition."""
     forced = os.environ.get("SPECDECODE_PREFILL_COPY", "").strip()
-    if forced in ("0", "1"):
-        return FORCED_MIN_NEW if forced == "1" and owner.extra_bufts else None
-    if not owner.extra_bufts or not _fits(owner):
+    if forced == "0" or not _fits(owner):
+        return None
+    if forced == "1":
+        return FORCED_MIN_NEW
+    if not owner.extra_bufts:
         return None
     path = _cache_path(owner.path)
     known = _cached(path)
     if known is not None:
         return known.get("min_new")
+    sizes = [n for n in PROBE_SIZES if n < owner.max_seq_len]
+    try:
+        min_new, record = _measure(owner, sizes)
+    except (RuntimeError, ValueError, OSError):
+        return None
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record))
+    return min_new
+
+
+def _measure(owner: LlamaCppLM, sizes: list[int]) -> tuple[int | None, dict]:
+    """(min_new, the record cached): each size timed on both layouts."""
     copy = PrefillCopy(owner)
     try:
-        repacked = {n: _probe(owner, n) for n in PROBE_SIZES}
-        plain = {n: _probe(copy.lm, n) for n in PROBE_SIZES}
+        repacked = {n: _probe(owner, n) for n in sizes}
+        plain = {n: _probe(copy.lm, n) for n in sizes}
     finally:
         copy.close()
     min_new = None
-    for n in sorted(PROBE_SIZES, reverse=True):  # the smallest size from which on it pays
+    for n in sorted(sizes, reverse=True):  # the smallest size from which on it pays
         if plain[n] > KEEP_BELOW * repacked[n]:
             break
         min_new = n
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"repacked_s": repacked, "plain_s": plain,
-                                "min_new": min_new}))
-    return min_new
+    return min_new, {"repacked_s": repacked, "plain_s": plain, "min_new": min_new}
 
 
 def planned(gguf: Path) -> bool:
@@ -149,6 +174,7 @@ def planned(gguf: Path) -> bool:
 
 
 def _cached(path: Path) -> dict | None:
+    """The decision cached at path, if there is a readable one."""
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -156,7 +182,7 @@ def _cached(path: Path) -> dict | None:
     return record if isinstance(record, dict) and "min_new" in record else None
 
 
-def _fits(owner) -> bool:
+def _fits(owner: LlamaCppLM) -> bool:
     """Whether twice the copy's memory (mapped weights, KV cache, compute buffer) is free."""
     need = (Path(owner.path).stat().st_size + owner._kv_cache_bytes(owner.max_seq_len)
             + owner.n_batch * (owner.vocab_size + 4 * owner.hidden_size) * 4)
@@ -164,7 +190,7 @@ def _fits(owner) -> bool:
     return avail is None or 2 * need <= avail
 
 
-def _probe(lm, n: int) -> float:
+def _probe(lm: LlamaCppLM, n: int) -> float:
     """Best of two timed passes of n tokens from an empty cache (after one untimed);
     the cache is left empty."""
     ids = torch.arange(n) * 7 % max(2, lm.vocab_size - 1) + 1  # [n] int64
