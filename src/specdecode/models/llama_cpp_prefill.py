@@ -125,7 +125,7 @@ def decide(owner: LlamaCppLM) -> int | None:
     """From which pass length `owner` should use a PrefillCopy; None: never (module
     doc). A measurement that fails (too small a context, no memory, an unwritable
     cache) is None, not an error: the copy is a speed-up, never a condition."""
-    forced = os.environ.get("SPECDECODE_PREFILL_COPY", "").strip()
+    forced = _forced()
     if forced == "0" or not _fits(owner):
         return None
     if forced == "1":
@@ -166,11 +166,17 @@ def _measure(owner: LlamaCppLM, sizes: list[int]) -> tuple[int | None, dict]:
 def planned(gguf: Path) -> bool:
     """Whether a target loaded from this GGUF will have a copy, as far as known without
     measuring (forced, or decided before on this machine): the memory plan's question."""
-    forced = os.environ.get("SPECDECODE_PREFILL_COPY", "").strip()
-    if forced in ("0", "1"):
+    forced = _forced()
+    if forced is not None:
         return forced == "1"
     known = _cached(_cache_path(gguf))
     return bool(known and known.get("min_new"))
+
+
+def _forced() -> str | None:
+    """SPECDECODE_PREFILL_COPY's "0" or "1"; None when unset or anything else."""
+    value = os.environ.get("SPECDECODE_PREFILL_COPY", "").strip()
+    return value if value in ("0", "1") else None
 
 
 def _cached(path: Path) -> dict | None:
