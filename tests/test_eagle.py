@@ -17,12 +17,15 @@ from specdecode.train import data, eagle_fit
 from specdecode.verify import SamplingVerifier
 
 
-def eagle_for(target: Transformer, vocab: int | None = None, seed: int = 0) -> Eagle3Head:
-    """An untrained head with random weights (lm_head from the target) over `vocab` ids."""
+def eagle_for(target: Transformer, vocab: int | None = None, seed: int = 0,
+              intermediate: int | None = None) -> Eagle3Head:
+    """An untrained head with random weights (lm_head from the target) over `vocab` ids
+    (intermediate: its MLP width; None: the target's)."""
     torch.manual_seed(seed)
     v = target.config.vocab_size
     head = eagle_fit.new_head(target.embed_tokens.weight, target.lm_head.weight,
-                              torch.arange(v)[: vocab or v], target.config)
+                              torch.arange(v)[: vocab or v], target.config,
+                              intermediate=intermediate)
     with torch.no_grad():
         for name, p in head.named_parameters():
             if "norm" not in name and name != "lm_head.weight":
@@ -202,19 +205,23 @@ def exported(tmp_path, head: Eagle3Head, target: Transformer):
                               verifier=str(verifier), architecture="LlamaForCausalLM", k=3)
 
 
-def test_export_round_trip_drafts_the_same(tmp_path):
+@pytest.mark.parametrize("intermediate", [None, 24])
+def test_export_round_trip_drafts_the_same(tmp_path, intermediate):
     """Export, validate, import: the imported head drafts the same tokens; our own
-    save/load likewise; the exported ids are vLLM's (ours + 1)."""
+    save/load likewise; the exported ids are vLLM's (ours + 1); a head narrower than
+    the target's layers (--head-intermediate) keeps its width."""
     import json
 
     from specdecode.train import speculators
     target = tiny(10)
-    head = eagle_for(target, 40, seed=2)
+    head = eagle_for(target, 40, seed=2, intermediate=intermediate)
+    assert head.config.intermediate_size == (intermediate or target.config.intermediate_size)
     folder = exported(tmp_path, head, target)
     assert speculators.validate(folder, target_layers=target.config.num_layers,
                                 target_vocab=target.config.vocab_size,
                                 hidden_size=target.config.hidden_size) == []
     raw = json.loads((folder / "config.json").read_text())
+    assert raw["transformer_layer_config"]["intermediate_size"] == head.config.intermediate_size
     assert raw["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in head.config.aux_layers]
     prompt = [2, 7, 1, 8, 2, 8]
     params = SamplingParams(max_tokens=30, ignore_eos=True)

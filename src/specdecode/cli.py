@@ -181,6 +181,9 @@ def _train_parser(sub) -> None:
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                    help="the training loss in float32 or under bfloat16 autocast "
                    "(float32 weights; bf16 is ~3x faster on CPUs with AVX-512 BF16 or AMX)")
+    p.add_argument("--head-intermediate", type=_positive_int, default=None,
+                   help="eagle3: the head's MLP width (default: the target's; a narrower "
+                   "head trains more steps in the same time and drafts for less)")
     p.add_argument("--collect-minutes", type=_positive_float, default=None,
                    help="answer no new prompt after this long (the validation prompts "
                    "come first; the training set is what was answered by then)")
@@ -564,8 +567,8 @@ def cmd_train(args) -> int:
                          drafter=args.drafter, context=args.context,
                          answer_batch=args.answer_batch, collect_minutes=args.collect_minutes,
                          val_prompts=args.val_prompts, train_minutes=args.train_minutes,
-                         lr=args.lr,
-                         precision=args.precision)
+                         lr=args.lr, precision=args.precision,
+                         head_intermediate=args.head_intermediate)
     summary = distil(target, lambda p: llm.encode(p, chat=True), embed, lm_head,
                      llm.decoder.eos_token_ids, cache, args.out, options,
                      report=lambda p: print(f"step {p['step']}: tau {p['tau']:.2f} "

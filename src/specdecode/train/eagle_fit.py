@@ -194,13 +194,16 @@ def walked_tau(lengths: Sequence[torch.Tensor], k: int) -> float:  # lengths: pe
 def new_head(embed: torch.Tensor,  # [V, H] the target's embedding table
              lm_head: torch.Tensor,  # [V, H] the target's output projection
              draft_ids: torch.Tensor,  # [Vd] int64
-             target_cfg, aux_layers: Sequence[int] | None = None) -> Eagle3Head:
+             target_cfg, aux_layers: Sequence[int] | None = None,
+             intermediate: int | None = None) -> Eagle3Head:
     """An EAGLE-3 head shaped like one of the target's layers (heads, KV heads,
-    head size, MLP width, RoPE base; target_cfg: models.config.ModelConfig),
-    its lm_head started from the target's rows."""
+    head size, RoPE base; target_cfg: models.config.ModelConfig), its lm_head
+    started from the target's rows. intermediate: its MLP width (None: the
+    target's; a narrower one trains and drafts for less)."""
     v, h = embed.shape
     layers = tuple(aux_layers or Eagle3Config.default_layers(target_cfg.num_layers))
-    cfg = Eagle3Config(h, target_cfg.intermediate_size, target_cfg.num_heads,
+    width = intermediate or target_cfg.intermediate_size
+    cfg = Eagle3Config(h, width, target_cfg.num_heads,
                        target_cfg.num_kv_heads, target_cfg.head_dim, len(draft_ids), v,
                        layers, target_cfg.rms_norm_eps, target_cfg.rope_theta)
     head = Eagle3Head(cfg, embed)

@@ -44,6 +44,7 @@ class RunOptions:
     val_prompts: int | None = None  # validation prompts (None: val_share of them)
     train_minutes: float | None = None  # training's time budget (fit.fit minutes)
     precision: str = "fp32"  # or "bf16": the loss under torch.autocast (fit.fit)
+    head_intermediate: int | None = None  # eagle3: the head's MLP width (None: the target's)
 
 
 def prompt_set(n: int) -> list[str]:
@@ -86,7 +87,8 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
         train = eagle_fit.load_windows(_existing(paths[:-n_val]))
         answers = [(w.ids[w.answer_start:], None) for w in train]
         d2t = fit.draft_vocabulary(answers, options.draft_vocab, embed.shape[0], always=stop_ids)
-        head = eagle_fit.new_head(embed, lm_head.float(), d2t, target.config, layers)
+        head = eagle_fit.new_head(embed, lm_head.float(), d2t, target.config, layers,
+                                  options.head_intermediate)
         wt = eagle_fit.Sequences(train, options.depths)
         wv = eagle_fit.Sequences(eagle_fit.load_windows(paths[-n_val:]), options.depths)
         scale = eagle_fit.input_scale(train)
