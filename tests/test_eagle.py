@@ -435,8 +435,10 @@ def test_training_scale_folds_into_fc():
     shard = eagle_fit.Shard(aux.clone(), torch.randint(0, 50, (13,)), 2, 0)
     scale = eagle_fit.input_scale([shard])
     eagle_fit.scale_windows([shard], scale)
-    assert torch.allclose(shard.aux.pow(2).mean(0), torch.ones(aux.shape[1]), atol=1e-4)
-    trained = eagle_fit.unrolled_logits(head, shard.aux, shard.ids, 0, 2)
+    assert torch.equal(shard.aux, aux)  # the stored states stay as they are
+    features = shard.features()
+    assert torch.allclose(features.pow(2).mean(0), torch.ones(aux.shape[1]), atol=1e-4)
+    trained = eagle_fit.unrolled_logits(head, features, shard.ids, 0, 2)
     eagle_fit.fold_scale(head, scale)
     raw = eagle_fit.unrolled_logits(head, aux, shard.ids, 0, 2)
     for a, b in zip(trained, raw):

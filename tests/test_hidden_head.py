@@ -3,6 +3,8 @@ train/). Float32 exactness on tiny random targets; the end-to-end run on SmolLM2
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -112,6 +114,17 @@ def test_fit_keeps_to_its_time_budget_and_trains_under_bf16_autocast():
 def test_training_sets_only():
     with pytest.raises(ValueError, match="humaneval"):
         data.training_prompts(["gsm8k", "humaneval"])
+
+
+def test_training_sets_interleave_past_the_shortest(tmp_path):
+    """One of each set in turn; a set that runs out drops out, the rest go on."""
+    for name, n in (("gsm8k", 3), ("swe-bench", 1), ("arena-hard-v2", 2)):
+        lines = [json.dumps({"turns": [f"{name}{i}", "second"]}) for i in range(n)]
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+    sets = ["gsm8k", "swe-bench", "arena-hard-v2"]
+    assert data.training_prompts(sets, folder=tmp_path) == [
+        "gsm8k0", "swe-bench0", "arena-hard-v20", "gsm8k1", "arena-hard-v21", "gsm8k2"]
+    assert data.training_prompts(sets, folder=tmp_path, limit=4)[-1] == "gsm8k1"
 
 
 def small_target(seed: int) -> Transformer:

@@ -275,20 +275,14 @@ class LlamaCppLM:
     def _regrow(self, n_ctx: int) -> None:
         """A multi-sequence context of n_ctx cells; each sequence's cache is moved over
         (llama_state_seq_get/set_data: the same f16 keys/values, byte for byte)."""
-        lib, seqs = self._lib, [self._seq0, *(h._seq for h in self._handles.values())]
+        seqs = [self._seq0, *(h._seq for h in self._handles.values())]
         if any(q.tree is not None for q in seqs):
             raise ValueError("keep or roll back the pending tree pass before opening a sequence")
-        saved = []
-        for q in seqs:
-            if q.length:
-                size = lib.llama_state_seq_get_size(self._ctx, q.seq_id)
-                buf = (ctypes.c_uint8 * size)()
-                saved.append((q, buf, lib.llama_state_seq_get_data(self._ctx, buf, size,
-                                                                   q.seq_id)))
+        saved = [(q, *self._read_cells(q)) for q in seqs if q.length]
         self._make_context(n_ctx, MAX_SEQ_IDS)
         self._free_branch_ids = list(range(MAX_SEQUENCES, MAX_SEQ_IDS))
         for q, buf, size in saved:
-            if lib.llama_state_seq_set_data(self._ctx, buf, size, q.seq_id) != size:
+            if not self._write_cells(q, buf, size):
                 raise RuntimeError(f"llama.cpp could not restore sequence {q.seq_id}")
 
     # -- CausalLM -------------------------------------------------------------
@@ -416,19 +410,41 @@ class LlamaCppLM:
         """A copy of a sequence's cells (llama_state_seq_get_data: its f16 keys/values)."""
         if seq.tree is not None:
             raise ValueError("keep or roll back the pending tree pass before a snapshot")
-        lib = self._lib
-        size = lib.llama_state_seq_get_size(self._ctx, seq.seq_id)
-        buf = (ctypes.c_uint8 * size)()
-        size = lib.llama_state_seq_get_data(self._ctx, buf, size, seq.seq_id)
-        return CacheSnapshot(list(seq.ids), buf, int(size))
+        if not seq.length:
+            return CacheSnapshot([], np.empty(0, dtype=np.uint8), 0)
+        buf, size = self._read_cells(seq)
+        return CacheSnapshot(list(seq.ids), buf[:size], size)
 
     def _restore(self, seq: _Seq, snap: CacheSnapshot) -> None:
         """Replace a sequence's cells by a snapshot of this model's (byte for byte)."""
         self._rollback(seq, 0)
-        if snap.ids and self._lib.llama_state_seq_set_data(
-                self._ctx, snap.data, snap.nbytes, seq.seq_id) != snap.nbytes:
+        if snap.ids and not self._write_cells(seq, snap.data, snap.nbytes):
             raise RuntimeError(f"llama.cpp could not restore sequence {seq.seq_id}")
         seq.length, seq.ids = len(snap.ids), list(snap.ids)
+
+    def _read_cells(self, seq: _Seq, buffer: np.ndarray | None = None,  # [n] uint8
+                    ) -> tuple[np.ndarray, int]:
+        """A sequence's cells as llama_state_seq_get_data writes them (its f16 keys
+        and values): into `buffer` when it has room, else into a new unzeroed array;
+        returns (the array, bytes written). RuntimeError if llama.cpp writes nothing
+        or more than the room it asked for."""
+        lib = self._lib
+        size = int(lib.llama_state_seq_get_size(self._ctx, seq.seq_id))
+        if buffer is None or buffer.size < size:
+            buffer = np.empty(size, dtype=np.uint8)
+        written = int(lib.llama_state_seq_get_data(self._ctx, _bytes_at(buffer), size,
+                                                   seq.seq_id))
+        if not 0 < written <= size:
+            raise RuntimeError(f"llama.cpp could not read sequence {seq.seq_id}")
+        return buffer, written
+
+    def _write_cells(self, seq: _Seq, buffer: np.ndarray,  # [>= nbytes] uint8
+                     nbytes: int) -> bool:
+        """Replace a sequence's cells by `nbytes` that _read_cells wrote (a model of
+        the same GGUF); False if llama.cpp took fewer (the sequence is then unusable:
+        roll it back to 0)."""
+        return self._lib.llama_state_seq_set_data(
+            self._ctx, _bytes_at(buffer), nbytes, seq.seq_id) == nbytes
 
     def _rollback(self, seq: _Seq, length: int) -> None:
         if seq.tree is not None:
@@ -725,3 +741,8 @@ def _join(parts: list[torch.Tensor], cols: int) -> torch.Tensor:  # -> [sum rows
     if len(parts) == 1:
         return parts[0]
     return torch.cat(parts) if parts else torch.empty(0, cols)
+
+
+def _bytes_at(buffer: np.ndarray):  # buffer: [n] uint8 -> uint8 *
+    """A ctypes pointer to a numpy byte array's first element (for llama_state_seq_*)."""
+    return buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))

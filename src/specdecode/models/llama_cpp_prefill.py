@@ -40,7 +40,6 @@ the cache key has no threads or flash-attention setting (both as the owner's).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import json
 import os
@@ -104,14 +103,8 @@ class PrefillCopy:
         RuntimeError, dst_seq empty, if llama.cpp copies less than the whole state."""
         dst._rollback(dst_seq, 0)
         if src_seq.length:
-            lib = src._lib
-            size = lib.llama_state_seq_get_size(src._ctx, src_seq.seq_id)
-            if self._buffer.size < size:
-                self._buffer = np.empty(int(size * 1.25), dtype=np.uint8)
-            ptr = self._buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
-            written = lib.llama_state_seq_get_data(src._ctx, ptr, size, src_seq.seq_id)
-            if not 0 < written <= size or lib.llama_state_seq_set_data(
-                    dst._ctx, ptr, written, dst_seq.seq_id) != written:
+            self._buffer, written = src._read_cells(src_seq, self._buffer)
+            if not dst._write_cells(dst_seq, self._buffer, written):
                 dst._rollback(dst_seq, 0)
                 raise RuntimeError(f"llama.cpp could not move sequence {src_seq.seq_id}")
         dst_seq.length, dst_seq.ids = src_seq.length, list(src_seq.ids)

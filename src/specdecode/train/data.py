@@ -16,6 +16,7 @@ standard library's docstrings (no files needed).
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -33,7 +34,8 @@ PROMPTS_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "
 
 def training_prompts(sets: Sequence[str] = TRAIN_SETS, *, folder: Path = PROMPTS_DIR,
                      limit: int | None = None) -> list[str]:
-    """First turns of the named prompt sets, interleaved (one of each in turn)."""
+    """First turns of the named prompt sets, interleaved (one of each in turn; a set
+    that runs out drops out of the turn, the others go on)."""
     bad = [s for s in sets if s in HELD_OUT or s not in TRAIN_SETS]
     if bad:
         raise ValueError(f"{', '.join(bad)}: not a training set (train on "
@@ -42,7 +44,8 @@ def training_prompts(sets: Sequence[str] = TRAIN_SETS, *, folder: Path = PROMPTS
     for name in sets:
         with open(folder / f"{name}.jsonl", encoding="utf-8") as f:
             per_set.append([json.loads(line)["turns"][0] for line in f if line.strip()])
-    mixed = [p for group in zip(*per_set, strict=False) for p in group]
+    rounds = itertools.zip_longest(*per_set)
+    mixed = [p for group in rounds for p in group if p is not None]
     return mixed[:limit]
 
 

@@ -60,12 +60,21 @@ def unrolled_logits(head: Eagle3Head, aux: torch.Tensor,  # [T, len(aux_layers) 
 
 @dataclass
 class Shard:
-    """One window: aux [T, LH], ids [T + 1] int64, answer_start, start (data.py)."""
+    """One window: aux [T, LH] as stored (float16: half the memory of float32 for
+    a run's thousands of windows), ids [T + 1] int64,
+    answer_start, start (data.py); scale [LH] or None: what `features` multiplies
+    aux by (scale_windows)."""
 
     aux: torch.Tensor
     ids: torch.Tensor
     answer_start: int
     start: int
+    scale: torch.Tensor | None = None
+
+    def features(self) -> torch.Tensor:  # -> [T, LH] float32
+        """What the head trains on: aux in float32, times scale when set."""
+        aux = self.aux.float()
+        return aux if self.scale is None else aux * self.scale
 
     def labels(self, t2d: torch.Tensor, depth: int) -> torch.Tensor:  # -> [T] int64
         """Draft ids of x_{p+2} for each entry p of `depth` (-100: not scored)."""
@@ -84,7 +93,7 @@ def load_windows(paths: Sequence) -> list[Shard]:
     for path in paths:
         t = load_file(str(path))
         if t["aux"].shape[0] >= 2:
-            out.append(Shard(t["aux"].float(), t["ids"], int(t["answer_start"][0]),
+            out.append(Shard(t["aux"], t["ids"], int(t["answer_start"][0]),
                              int(t["start"][0])))
     return out
 
@@ -101,9 +110,9 @@ def input_scale(shards: Sequence[Shard]) -> torch.Tensor:  # -> [LH]
 
 
 def scale_windows(shards: Sequence[Shard], scale: torch.Tensor) -> None:  # scale: [LH]
-    """aux *= scale in place (what the head trains on: input_scale)."""
+    """Set each window's scale (its features are then aux * scale: input_scale)."""
     for w in shards:
-        w.aux.mul_(scale)
+        w.scale = scale
 
 
 def fold_scale(head: Eagle3Head, scale: torch.Tensor) -> None:  # scale: [LH]
@@ -140,7 +149,8 @@ class Sequences:
     def loss(self, head: Eagle3Head, t2d: torch.Tensor) -> torch.Tensor:
         total, count = torch.zeros(()), 0
         for shard in self.shards:
-            logits = unrolled_logits(head, shard.aux, shard.ids, shard.start, self.depths)
+            logits = unrolled_logits(head, shard.features(), shard.ids, shard.start,
+                                     self.depths)
             for d, rows in enumerate(logits):
                 labels = shard.labels(t2d, d)
                 n = int((labels >= 0).sum())
@@ -156,7 +166,8 @@ class Sequences:
         `depths` steps from each answer anchor match the target's own tokens."""
         out = []
         for shard in self.shards:
-            logits = unrolled_logits(head, shard.aux, shard.ids, shard.start, self.depths)
+            logits = unrolled_logits(head, shard.features(), shard.ids, shard.start,
+                                     self.depths)
             t = shard.aux.shape[0]
             nxt = torch.full((t + self.depths,), -2, dtype=torch.long)
             nxt[: t - 1] = shard.ids[2:t + 1]
