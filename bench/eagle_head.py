@@ -6,8 +6,9 @@
 The target (torch backend) answers the measuring prompts greedily (HumanEval,
 MBPP and MT-bench first turns, as `specdecode bench` builds them: never trained
 on), batched (train/data.collect_batched), keeping each answer's context shard;
-shards are cached (a rerun resumes). Each head's greedy chain acceptance per
-depth (eagle_fit.Sequences.acceptance: teacher-forced on the target's own
+shards are cached (a rerun resumes). Each head's share of answer tokens inside
+its draft vocabulary (one outside it is never drafted), its greedy chain
+acceptance per depth (eagle_fit.Sequences.acceptance: teacher-forced on the target's own
 answer, so what greedy speculation accepts up to the rounding of the target's
 batched passes) and tau at each k = 1 + sum(accept[:k]) are written to OUT.json
 and OUT.md, with the walked tau (eagle_fit.walked_tau: tokens per step when the
@@ -56,20 +57,23 @@ def measure(head_dir: Path, embed: torch.Tensor,  # [V, H]
     lengths = eagle_fit.Sequences(windows, depths).chain_lengths(head)
     flat = torch.cat(lengths)
     accept = [float((flat > d).float().mean()) for d in range(depths)]
-    tokens = sum(int(len(w.ids) - w.answer_start) for w in windows)
-    return {"answers": len(windows), "answer_tokens": tokens, "accept": accept,
+    answers = torch.cat([w.ids[w.answer_start:] for w in windows])  # [n] int64
+    coverage = float(torch.isin(answers, head.draft_ids).float().mean())
+    return {"answers": len(windows), "answer_tokens": len(answers), "accept": accept,
+            "vocab_coverage": coverage,
             "tau": {k: 1 + sum(accept[:k]) for k in range(1, depths + 1)},
             "walked_tau": {k: eagle_fit.walked_tau(lengths, k) for k in range(1, depths + 1)}}
 
 
 def table(rows: list[dict], depths: int) -> str:
-    head = ("| head | workload | answers | tokens | "
+    head = ("| head | workload | answers | tokens | in draft vocab | "
             + " | ".join(f"accept d{d + 1}" for d in range(depths))
             + " | " + " | ".join(f"tau k={k}" for k in (2, 4, depths) if k <= depths)
             + " | " + " | ".join(f"walked k={k}" for k in (2, 4) if k <= depths) + " |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         lines.append(f"| {r['head']} | {r['workload']} | {r['answers']} | {r['answer_tokens']} | "
+                     f"{r['vocab_coverage']:.1%} | "
                      + " | ".join(f"{a:.2f}" for a in r["accept"]) + " | "
                      + " | ".join(f"{r['tau'][k]:.2f}" for k in (2, 4, depths) if k <= depths)
                      + " | " + " | ".join(f"{r['walked_tau'][k]:.2f}" for k in (2, 4)

@@ -111,6 +111,25 @@ def test_fit_keeps_to_its_time_budget_and_trains_under_bf16_autocast():
     assert all(p.dtype == torch.float32 for p in head.parameters())
 
 
+def test_step_plan_follows_the_pace_after_a_slow_start(monkeypatch):
+    """Three slow first steps (10 s each) do not set the plan: from step 3 on it
+    follows the pace since step 3 (1 s a step) and fills the 60 s budget; the
+    evaluations fall at even fractions of the plan as it stands."""
+    clock = [0.0]
+    monkeypatch.setattr(fit.time, "perf_counter", lambda: clock[0])
+    plan = fit.StepPlan(1000, 1.0, evals=2)
+    step, evals = 0, []
+    while step < plan.total:
+        step += 1
+        clock[0] += 10.0 if step <= 3 else 1.0
+        plan.after(step)
+        if plan.eval_due(step):
+            evals.append(step)
+    assert step == 3 + 30 and plan.total == 33
+    assert evals == [17, 33]
+    assert fit.StepPlan(50, None, evals=5).total == 50
+
+
 def test_training_sets_only():
     with pytest.raises(ValueError, match="humaneval"):
         data.training_prompts(["gsm8k", "humaneval"])

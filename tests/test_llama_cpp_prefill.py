@@ -191,6 +191,33 @@ def test_decide_takes_the_smallest_size_from_which_on_the_copy_pays(
     assert llama_cpp_prefill.decide(lm) == min_new
 
 
+def test_a_measured_load_keeps_the_copy_it_measured(tmp_path, monkeypatch):
+    """The first load on a machine measures on a copy; where the copy pays, that copy
+    is the one kept (one plain-layout load, not two); where it does not, it is closed."""
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
+    monkeypatch.delenv("SPECDECODE_PREFILL_COPY", raising=False)
+    times = {17: 1.0, 33: 2.0, 65: 4.0, 128: 8.0}
+    monkeypatch.setattr(llama_cpp_prefill, "_probe", lambda lm, n: times[n] * (
+        0.5 if lm._prefill_copy is None and not lm.extra_bufts else 1.0))
+    opened, closed = [], []
+    init, close = llama_cpp_prefill.PrefillCopy.__init__, llama_cpp_prefill.PrefillCopy.close
+    monkeypatch.setattr(llama_cpp_prefill.PrefillCopy, "__init__",
+                        lambda self, *a, **k: (opened.append(self), init(self, *a, **k))[1])
+    monkeypatch.setattr(llama_cpp_prefill.PrefillCopy, "close",
+                        lambda self: (closed.append(self), close(self))[1])
+    lm = LlamaCppLM(real.path("smollm2-135m"), max_seq_len=256, n_threads=2, prefill_copy=None)
+    assert lm._prefill_copy is opened[0] and len(opened) == 1 and not closed
+    assert lm._prefill_copy.min_new == 17 and lm._prefill_copy.lm.cached_len == 0
+    lm.close()
+    for saved in (tmp_path / "costs").glob("prefill-copy-*.json"):
+        saved.unlink()
+    times[17] = 10.0  # 17 tokens: 5.0 on the copy, 10.0 repacked, from 33 on the same
+    monkeypatch.setattr(llama_cpp_prefill, "_probe", lambda lm, n: times[n] if n != 17 or (
+        lm._prefill_copy is not None or lm.extra_bufts) else 5.0)
+    lm = LlamaCppLM(real.path("smollm2-135m"), max_seq_len=256, n_threads=2, prefill_copy=None)
+    assert lm._prefill_copy is None and closed[-1] is opened[-1] and len(opened) == 2
+
+
 @pytest.mark.slow
 def test_default_target_prompt_through_the_copy():
     """The default target's Q4_K weights are repacked: the copy's prompt pass rounds apart

@@ -185,11 +185,8 @@ class LlamaCppLM:
         self._free_branch_ids: list[int] = []  # tree-branch sequence ids not in use
         self._make_context(self.max_seq_len, 1)
         self.path = path
-        self._prefill_copy = None
-        min_new = (llama_cpp_prefill.FORCED_MIN_NEW if prefill_copy
-                   else llama_cpp_prefill.decide(self) if prefill_copy is None else None)
-        if min_new:
-            self._prefill_copy = llama_cpp_prefill.PrefillCopy(self, min_new)
+        self._prefill_copy = None  # close() reads it, should open_copy raise
+        self._prefill_copy = llama_cpp_prefill.open_copy(self, prefill_copy)
 
     def _load_weights(self, path: Path, extra_bufts: bool | None, mmap: bool,
                       huge_pages: bool | None) -> None:

@@ -29,12 +29,14 @@ never): nothing unless the owner repacks; else passes of `PROBE_SIZES` tokens ti
 on both (best of two after one untimed), `min_new` the smallest size from which on
 the copy takes at most `KEEP_BELOW` of the repacked time; cached per CPU, library
 and GGUF file under $SPECDECODE_CACHE/costs (`planned` reads it for the memory
-plan). SPECDECODE_PREFILL_COPY=1 forces it on (prompts only: `FORCED_MIN_NEW`,
-also where nothing is repacked), 0 off. It is not loaded where twice its memory
-(mapped weights, KV cache, compute buffer) is not free (forced or not; only
-`LlamaCppLM(prefill_copy=True)` skips the checks). Sizes at or above the context
-are not timed. The decision is not re-measured when the machine is busy later;
-the cache key has no threads or flash-attention setting (both as the owner's).
+plan). `open_copy` loads the copy decided on, keeping the one a first measurement
+loaded rather than loading it again. SPECDECODE_PREFILL_COPY=1 forces it on
+(prompts only: `FORCED_MIN_NEW`, also where nothing is repacked), 0 off. It is
+not loaded where twice its memory (mapped weights, KV cache, compute buffer) is
+not free (forced or not; only `LlamaCppLM(prefill_copy=True)` skips the checks).
+Sizes at or above the context are not timed. The decision is not re-measured when
+the machine is busy later; the cache key has no threads or flash-attention setting
+(both as the owner's).
 """
 
 from __future__ import annotations
@@ -114,40 +116,70 @@ class PrefillCopy:
         self.lm.close()
 
 
+def open_copy(owner: LlamaCppLM, wanted: bool | None) -> PrefillCopy | None:
+    """`owner`'s PrefillCopy: always (wanted True: from FORCED_MIN_NEW tokens on, no
+    checks), never (False), or as `decide` says (None); the copy a first measurement
+    loaded is the one kept, not loaded again."""
+    if wanted:
+        return PrefillCopy(owner)
+    if wanted is False:
+        return None
+    min_new, measured = _decide(owner)
+    if min_new is None:
+        if measured is not None:
+            measured.close()
+        return None
+    if measured is None:
+        return PrefillCopy(owner, min_new)
+    measured.min_new = min_new
+    return measured
+
+
 def decide(owner: LlamaCppLM) -> int | None:
     """From which pass length `owner` should use a PrefillCopy; None: never (module
     doc). A measurement that fails (too small a context, no memory, an unwritable
     cache) is None, not an error: the copy is a speed-up, never a condition."""
-    forced = _forced()
-    if forced == "0" or not _fits(owner):
-        return None
-    if forced == "1":
-        return FORCED_MIN_NEW
-    if not owner.extra_bufts:
-        return None
-    path = _cache_path(owner.path)
-    known = _cached(path)
-    if known is not None:
-        return known.get("min_new")
-    sizes = [n for n in PROBE_SIZES if n < owner.max_seq_len]
-    try:
-        min_new, record = _measure(owner, sizes)
-    except (RuntimeError, ValueError, OSError):
-        return None
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record))
+    min_new, measured = _decide(owner)
+    if measured is not None:
+        measured.close()
     return min_new
 
 
-def _measure(owner: LlamaCppLM, sizes: list[int]) -> tuple[int | None, dict]:
-    """(min_new, the record cached): each size timed on both layouts."""
-    copy = PrefillCopy(owner)
+def _decide(owner: LlamaCppLM) -> tuple[int | None, PrefillCopy | None]:
+    """decide's answer and, where it measured, the copy it measured (open)."""
+    forced = _forced()
+    if forced == "0" or not _fits(owner):
+        return None, None
+    if forced == "1":
+        return FORCED_MIN_NEW, None
+    if not owner.extra_bufts:
+        return None, None
+    path = _cache_path(owner.path)
+    known = _cached(path)
+    if known is not None:
+        return known.get("min_new"), None
+    sizes = [n for n in PROBE_SIZES if n < owner.max_seq_len]
     try:
-        repacked = {n: _probe(owner, n) for n in sizes}
-        plain = {n: _probe(copy.lm, n) for n in sizes}
-    finally:
+        copy = PrefillCopy(owner)
+    except (RuntimeError, ValueError, OSError):
+        return None, None
+    try:
+        min_new, record = _measure(owner, copy, sizes)
+    except (RuntimeError, ValueError, OSError):
         copy.close()
+        return None, None
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record))
+    return min_new, copy
+
+
+def _measure(owner: LlamaCppLM, copy: PrefillCopy, sizes: list[int]
+             ) -> tuple[int | None, dict]:
+    """(min_new, the record cached): each size timed on both layouts (the copy's
+    cache is left empty)."""
+    repacked = {n: _probe(owner, n) for n in sizes}
+    plain = {n: _probe(copy.lm, n) for n in sizes}
     min_new = None
     for n in sorted(sizes, reverse=True):  # the smallest size from which on it pays
         if plain[n] > KEEP_BELOW * repacked[n]:

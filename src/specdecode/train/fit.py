@@ -155,21 +155,22 @@ def fit(head, train, val, *, steps: int, batch: int = 256, lr: float = 1e-3,
     cosine learning rate; the validation acceptance `evals` times along the way.
     train / val: Windows (a HiddenStateHead) or eagle_fit.Sequences (an Eagle3Head):
     `sample(gen, batch)`, `.loss(head, t2d)`, `.acceptance(head)`, `answer_tokens`.
-    minutes: a time budget: after the first steps, `steps` is cut to what fits it
-    (the schedule follows). autocast: the loss in that dtype on the head's device
-    type (torch.autocast; the weights and the optimiser stay float32). on_step:
+    minutes: a time budget: `steps` is cut to what fits it, re-planned after every
+    step (StepPlan; the schedule and the evaluations follow). autocast: the loss in
+    that dtype on the head's device type (torch.autocast; the weights and the
+    optimiser stay float32). on_step:
     called after each step with (step, steps planned now, answer tokens seen)."""
     t2d = target_to_draft(head.draft_ids, head.config.target_vocab_size)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    total = [steps]
+    plan = StepPlan(steps, minutes, evals)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total[0]) / max(1, total[0]))))
-    gen, result, start = torch.Generator().manual_seed(seed), TrainResult(), time.perf_counter()
+        opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, plan.total) / max(1, plan.total))))
+    gen, result = torch.Generator().manual_seed(seed), TrainResult()
     device = params[0].device.type
-    step, seen, at = 0, 0, _eval_steps(steps, evals)
+    step, seen = 0, 0
     head.train()
-    while step < total[0]:
+    while step < plan.total:
         step += 1
         sample = train.sample(gen, batch)
         with torch.autocast(device, dtype=autocast or torch.bfloat16,
@@ -181,22 +182,54 @@ def fit(head, train, val, *, steps: int, batch: int = 256, lr: float = 1e-3,
         opt.step()
         sched.step()
         seen += sample.answer_tokens
-        if minutes is not None and step == 3:
-            total[0] = max(4, min(steps, int(60 * minutes / ((time.perf_counter() - start) / 3))))
-            at = _eval_steps(total[0], evals)
+        plan.after(step)
         if on_step:
-            on_step(step, total[0], seen)
-        if step in at or step == total[0]:
+            on_step(step, plan.total, seen)
+        if plan.eval_due(step):
             result.curve.append(_evaluate(head, val, step, seen, loss.item(), batch))
             if report:
                 report(result.curve[-1])
     head.eval()
-    result.steps, result.seconds = total[0], time.perf_counter() - start
+    result.steps, result.seconds = plan.total, time.perf_counter() - plan.start
     return result
 
 
-def _eval_steps(steps: int, evals: int) -> set[int]:
-    return {round(steps * (i + 1) / evals) for i in range(evals)}
+class StepPlan:
+    """How many steps fit: `steps`, or under a time budget (minutes) what fits it.
+    From step 3 on the count is re-planned after every step from the pace since
+    step 3 (the first steps pay one-off costs, kernels and buffers: planned from
+    them alone, a run with a 32k draft vocabulary stopped at ~1/3 of its budget);
+    at least 4 steps. `evals` evaluations at even fractions of the plan, the last
+    at its final step."""
+
+    def __init__(self, steps: int, minutes: float | None, evals: int) -> None:
+        self.steps, self.total, self.evals, self.done = steps, steps, evals, 0
+        self.start = time.perf_counter()
+        self.deadline = None if minutes is None else self.start + 60 * minutes
+        self.mark: tuple[int, float] | None = None  # (step 3, its time)
+
+    def after(self, step: int) -> None:
+        """Re-plan after `step` steps."""
+        if self.deadline is None or step < 3:
+            return
+        now = time.perf_counter()
+        if self.mark is None:
+            self.mark = (step, now)
+            pace = (now - self.start) / step
+        else:
+            pace = (now - self.mark[1]) / (step - self.mark[0])
+        fits = step + int(max(0.0, self.deadline - now) / max(pace, 1e-9))
+        self.total = min(self.steps, max(4, fits))
+
+    def eval_due(self, step: int) -> bool:
+        """Whether step reaches the next evaluation (several at once count once;
+        none before a budgeted plan has its pace, unless the plan ends there)."""
+        if self.deadline is not None and step <= 3 and step < self.total:
+            return False
+        due = False
+        while self.done < self.evals and step * self.evals >= self.total * (self.done + 1):
+            self.done, due = self.done + 1, True
+        return due
 
 
 def _evaluate(head, val, step: int, tokens: int, loss: float, batch: int) -> dict:
