@@ -97,7 +97,7 @@ def test_windows_and_vocabulary():
 
 
 def test_fit_keeps_to_its_time_budget_and_trains_under_bf16_autocast():
-    """minutes: after three steps `steps` is cut to what fits (a budget no step fits:
+    """minutes: `steps` is cut to what fits, from step 3 on (a budget no step fits:
     the minimum of 4), the schedule and the evaluations after the cut follow; bf16
     autocast keeps float32 weights; the curve counts the answer tokens seen."""
     target = tiny(2)
@@ -128,6 +128,8 @@ def test_step_plan_follows_the_pace_after_a_slow_start(monkeypatch):
     assert step == 3 + 30 and plan.total == 33
     assert evals == [17, 33]
     assert fit.StepPlan(50, None, evals=5).total == 50
+    unasked = fit.StepPlan(4, None, evals=0)  # no evaluations asked: the final one still
+    assert [s for s in range(1, 5) if unasked.eval_due(s)] == [4]
 
 
 def test_training_sets_only():

@@ -197,7 +197,8 @@ def test_a_measured_load_keeps_the_copy_it_measured(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
     monkeypatch.delenv("SPECDECODE_PREFILL_COPY", raising=False)
     times = {17: 1.0, 33: 2.0, 65: 4.0, 128: 8.0}
-    monkeypatch.setattr(llama_cpp_prefill, "_probe", lambda lm, n: times[n] * (
+    probe = llama_cpp_prefill._probe  # the real passes run; their times are set
+    monkeypatch.setattr(llama_cpp_prefill, "_probe", lambda lm, n: 0 * probe(lm, n) + times[n] * (
         0.5 if lm._prefill_copy is None and not lm.extra_bufts else 1.0))
     opened, closed = [], []
     init, close = llama_cpp_prefill.PrefillCopy.__init__, llama_cpp_prefill.PrefillCopy.close
@@ -208,6 +209,11 @@ def test_a_measured_load_keeps_the_copy_it_measured(tmp_path, monkeypatch):
     lm = LlamaCppLM(real.path("smollm2-135m"), max_seq_len=256, n_threads=2, prefill_copy=None)
     assert lm._prefill_copy is opened[0] and len(opened) == 1 and not closed
     assert lm._prefill_copy.min_new == 17 and lm._prefill_copy.lm.cached_len == 0
+    plain = LlamaCppLM(real.path("smollm2-135m"), max_seq_len=256, n_threads=2,
+                       prefill_copy=False)  # Q4_1: the same kernels either way
+    assert torch.equal(lm.prefill(torch.tensor(PROMPT)).logits,
+                       plain.prefill(torch.tensor(PROMPT)).logits)
+    plain.close()
     lm.close()
     for saved in (tmp_path / "costs").glob("prefill-copy-*.json"):
         saved.unlink()

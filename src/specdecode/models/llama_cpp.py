@@ -185,7 +185,7 @@ class LlamaCppLM:
         self._free_branch_ids: list[int] = []  # tree-branch sequence ids not in use
         self._make_context(self.max_seq_len, 1)
         self.path = path
-        self._prefill_copy = None  # close() reads it, should open_copy raise
+        self._prefill_copy = None  # _forward reads it while open_copy measures
         self._prefill_copy = llama_cpp_prefill.open_copy(self, prefill_copy)
 
     def _load_weights(self, path: Path, extra_bufts: bool | None, mmap: bool,

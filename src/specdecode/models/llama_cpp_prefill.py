@@ -125,12 +125,15 @@ def open_copy(owner: LlamaCppLM, wanted: bool | None) -> PrefillCopy | None:
     if wanted is False:
         return None
     min_new, measured = _decide(owner)
-    if min_new is None:
+    if not min_new:
         if measured is not None:
             measured.close()
         return None
     if measured is None:
-        return PrefillCopy(owner, min_new)
+        try:
+            return PrefillCopy(owner, min_new)
+        except (RuntimeError, ValueError, OSError):
+            return None  # a speed-up, never a condition (decide)
     measured.min_new = min_new
     return measured
 
@@ -168,6 +171,9 @@ def _decide(owner: LlamaCppLM) -> tuple[int | None, PrefillCopy | None]:
     except (RuntimeError, ValueError, OSError):
         copy.close()
         return None, None
+    except BaseException:
+        copy.close()
+        raise
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record))
