@@ -54,6 +54,10 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
     (["train", "--out", "/tmp/x", "--train-minutes", "inf"], ["--train-minutes"]),
     (["train", "--out", "/tmp/x", "--precision", "fp16"], ["--precision", "invalid choice"]),
     (["train", "--out", "/tmp/x", "--answer-batch", "0"], ["--answer-batch", ">= 1"]),
+    (["train", "--out", "/tmp/x", "--answers-per-prompt", "2"],
+     ["--answers-per-prompt 2", "eagle3", "--answer-batch 2"]),
+    (["train", "--out", "/tmp/x", "--drafter", "eagle3", "--answer-batch", "4",
+      "--answers-per-prompt", "3", "--sample-temperature", "0"], ["--sample-temperature"]),
 ])
 def test_bad_input_is_one_clean_line(args, needles):
     assert_clean_error(run(*args), *needles)

@@ -412,6 +412,76 @@ def test_batched_collection_equals_one_at_a_time(tmp_path, context):
     assert [p.stat().st_mtime_ns for p in many] == stamp
 
 
+def test_sampled_answers_share_a_prefill_and_are_labelled_greedy(tmp_path):
+    """BatchPlan.samples: a run over a greedy run's folder keeps its shards and adds
+    two sampled answers per prompt (none for the greedy_only one), seeded (a fresh
+    run draws the same tokens). A sampled shard's prompt rows are the greedy
+    shard's; its `greedy` row p is the target's argmax after the sampled prefix
+    (a fresh teacher-forced pass), and its training labels are those tokens."""
+    import shutil
+
+    from safetensors.torch import load_file
+    target = tiny(9)
+    prompts = ["3 1 4 1 5 9", "2 6", "5 3 5 8 9 7 9 3", "2 3 8 4 6 2 6 4 3"]
+    encode = lambda p: [int(x) for x in p.split()]  # noqa: E731
+    layers, context = (0, 1), 5
+    with pytest.raises(ValueError):
+        data.BatchPlan(2, layers, context, samples=3)
+    with pytest.raises(ValueError):
+        data.BatchPlan(3, layers, None, samples=2)
+    one = data.collect_batched(target, encode, prompts, tmp_path / "one",
+                               data.BatchPlan(3, layers, context), max_new_tokens=7,
+                               stop_ids=(4,), progress=False)
+    shutil.copytree(tmp_path / "one", tmp_path / "many")
+    stamp = [(tmp_path / "many" / p.name).stat().st_mtime_ns for p in one]
+    plan = data.BatchPlan(3, layers, context, samples=3, temperature=1.0)
+    runs = [data.collect_batched(target, encode, prompts, tmp_path / name, plan,
+                                 max_new_tokens=7, stop_ids=(4,), greedy_only=[3],
+                                 progress=False) for name in ("many", "fresh")]
+    many = runs[0]
+    assert [p.name for p in many[:4]] == ["000000.safetensors", "000000-s1.safetensors",
+                                          "000000-s2.safetensors", "000001.safetensors"]
+    assert len(many) == 3 * 3 + 1 and many[-1].name == "000003.safetensors"
+    assert [p.stat().st_mtime_ns for p in many if "-s" not in p.name] == stamp
+    differ = 0
+    for path, again in zip(many, runs[1]):
+        if "-s" not in path.name:
+            continue
+        shard, greedy_shard = load_file(str(path)), load_file(str(path.parent / (
+            path.name.split("-")[0] + ".safetensors")))
+        assert torch.equal(shard["ids"], load_file(str(again))["ids"])
+        a = int(shard["answer_start"][0])
+        assert torch.equal(shard["ids"][:a], greedy_shard["ids"][:a])
+        assert torch.allclose(shard["aux"][:a - 1].float(), greedy_shard["aux"][:a - 1].float())
+        differ += not torch.equal(shard["ids"], greedy_shard["ids"])
+        prompt = encode(prompts[int(path.name[:6])])
+        answer = shard["ids"][a:].tolist()
+        target.rollback(0)
+        out = target.forward(torch.tensor(prompt + answer[:-1]), last_n=len(answer))
+        assert shard["greedy"][a - 1:].tolist() == out.logits.argmax(-1).tolist()
+        assert (shard["greedy"][:a - 1] == -1).all()
+        window = eagle_fit.load_windows([path])[0]
+        labels = window.labels(torch.arange(target.vocab_size), 0)
+        p = torch.arange(a - 2, len(labels) - 1)
+        assert torch.equal(labels[p], shard["greedy"][p + 1])
+    assert differ >= 3
+
+
+def test_sampled_answer_tokens_follow_the_tempered_distribution():
+    """data.draw samples softmax(logits / T): chi-square over 20,000 draws accepts
+    it and rejects T = 1 (the negative control); a token of probability 0 (a -inf
+    logit) is never drawn."""
+    from specdecode.check.chisquare import chi_square_pvalue
+    g = torch.Generator().manual_seed(3)
+    logits = 2 * torch.randn(40, generator=g)  # [40]
+    logits[7] = float("-inf")
+    counts = torch.bincount(torch.tensor([data.draw(logits, 0.8, g) for _ in range(20000)]),
+                            minlength=40)
+    assert counts[7] == 0
+    assert chi_square_pvalue(counts, torch.softmax(logits / 0.8, -1)) > 1e-3
+    assert chi_square_pvalue(counts, torch.softmax(logits, -1)) < 1e-6
+
+
 def test_batched_collection_stops_at_the_deadline(tmp_path):
     """Past the deadline no prompt is started: the prompts in `order` before it are
     answered, the others get no shard."""

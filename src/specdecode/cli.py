@@ -187,6 +187,12 @@ def _train_parser(sub) -> None:
     p.add_argument("--collect-minutes", type=_positive_float, default=None,
                    help="answer no new prompt after this long (the validation prompts "
                    "come first; the training set is what was answered by then)")
+    p.add_argument("--answers-per-prompt", type=_positive_int, default=1,
+                   help="eagle3: answers to each training prompt from one prefill of it: "
+                   "the greedy one, then sampled ones (labelled with the target's greedy "
+                   "tokens); needs --answer-batch at least this")
+    p.add_argument("--sample-temperature", type=_positive_float, default=0.8,
+                   help="the sampled answers' temperature")
     p = sub.add_parser("export", help="write an eagle3 head in the vLLM speculators format "
                                       "and print the vllm serve command")
     p.add_argument("--head", type=Path, required=True, help="a head trained by train")
@@ -556,6 +562,10 @@ def cmd_train(args) -> int:
     if args.drafter == "eagle3" and spec.backend not in ("torch", None, "auto"):
         raise UserError(f"--drafter eagle3 reads inner layers' states: only --backend torch "
                         f"has them (not {spec.backend})")
+    if args.answers_per_prompt > 1 and (args.drafter != "eagle3"
+                                        or args.answer_batch < args.answers_per_prompt):
+        raise UserError(f"--answers-per-prompt {args.answers_per_prompt} needs --drafter "
+                        f"eagle3 and --answer-batch {args.answers_per_prompt} or more")
     if args.drafter == "eagle3":
         spec = replace(spec, backend="torch")
     llm = LLM.from_spec(spec)
@@ -568,7 +578,9 @@ def cmd_train(args) -> int:
                          answer_batch=args.answer_batch, collect_minutes=args.collect_minutes,
                          val_prompts=args.val_prompts, train_minutes=args.train_minutes,
                          lr=args.lr, precision=args.precision,
-                         head_intermediate=args.head_intermediate)
+                         head_intermediate=args.head_intermediate,
+                         answers_per_prompt=args.answers_per_prompt,
+                         sample_temperature=args.sample_temperature)
     summary = distil(target, lambda p: llm.encode(p, chat=True), embed, lm_head,
                      llm.decoder.eos_token_ids, cache, args.out, options,
                      report=lambda p: print(f"step {p['step']}: tau {p['tau']:.2f} "

@@ -3,7 +3,8 @@
 For each training prompt the target answers greedily (plain decoding, its
 own tokens), and the final hidden state of every position that scored an
 answer token is kept from the same passes (what the head sees when it
-drafts). One shard per prompt, `NNNNNN.safetensors` in the output folder:
+drafts). One shard per answer, `NNNNNN.safetensors` in the output folder
+(collect_batched can add sampled answers to a prompt: `NNNNNN-sJ.safetensors`):
 `tokens` [n] int64 (the answer a_0..a_{n-1}) and `hidden` [n, H] (row j: the
 state at the position that scored a_j), float16. A shard is written under a
 temporary name and renamed, so a killed run resumes at the first missing one.
@@ -19,7 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,112 +128,178 @@ def _context_shard(prompt: list[int], s: int, head: torch.Tensor,  # [P - s, LH]
             "answer_start": torch.tensor([len(prompt) - s]), "start": torch.tensor([s])}
 
 
+def draw(logits: torch.Tensor, temperature: float,  # logits: [V]
+         gen: torch.Generator) -> int:
+    """A token drawn from softmax(logits / temperature) by inverting its CDF with one
+    uniform of `gen` (float64 sums). torch.multinomial draws one random number per
+    vocabulary entry: ~4 ms per token for a 152k vocabulary here, against ~1 ms."""
+    cdf = torch.softmax(logits.double() / temperature, -1).cumsum(0)  # [V]
+    u = torch.rand((), generator=gen, dtype=torch.float64)
+    return min(int(torch.searchsorted(cdf, u * cdf[-1], right=True)), len(cdf) - 1)
+
+
 @dataclass
 class _Answer:
-    """One prompt being answered in a batch: its handle (a sequence of the
-    target), ids, the kept prompt states (eagle3: [P - s, LH]), and the greedy
-    tokens so far with the states that scored each ([LH] float32)."""
+    """One answer being written in a batch: its prompt's index, which answer of the
+    prompt (`sample`: 0 the greedy one), its handle (a sequence of the target),
+    ids, the kept prompt states (eagle3: [P - s, LH]), the tokens so far with the
+    states that scored each ([LH] float32), and for a sampled answer its seeded
+    generator and the target's greedy token at each of its rows (`greedy`)."""
 
     index: int
     handle: object
     prompt: list[int]
     start: int
     head: torch.Tensor | None
+    sample: int = 0
+    gen: torch.Generator | None = None
+    temperature: float = 1.0
     tokens: list[int] = field(default_factory=list)
     states: list[torch.Tensor] = field(default_factory=list)
+    greedy: list[int] = field(default_factory=list)
     done: bool = False
 
     def take(self, out, layers: tuple[int, ...], stop: set[int], max_new_tokens: int) -> None:
-        """Append the greedy token of a pass's last row and the state that scored it."""
-        token = int(out.logits[-1].argmax())
+        """Append the next token of a pass's last row (greedy, or drawn from the
+        target's distribution at `temperature` with a generator) and its state."""
+        logits = out.logits[-1]  # [V]
+        best = int(logits.argmax())
+        token = best if self.gen is None else draw(logits, self.temperature, self.gen)
         self.tokens.append(token)
+        self.greedy.append(best)
         self.states.append(torch.cat([out.hidden_states[i][-1].float() for i in layers]))
         self.done = (token in stop or len(self.tokens) >= max_new_tokens
                      or self.handle.cached_len + 1 >= self.handle.max_seq_len)
 
     def shard(self) -> dict[str, torch.Tensor]:
         """The shard's tensors: eagle3's (answer_with_context) when prompt states
-        were kept, else the hidden head's (answer_with_states)."""
+        were kept, else the hidden head's (answer_with_states). A sampled answer's
+        also holds `greedy` [T] int64: row p's greedy token (-1 on prompt rows
+        before the last: not scored), what training labels it with."""
         states = torch.stack(self.states)
         if self.head is None:
             return {"tokens": torch.tensor(self.tokens, dtype=torch.long),
                     "hidden": states.half()}
-        return _context_shard(self.prompt, self.start, self.head, self.tokens, states)
+        shard = _context_shard(self.prompt, self.start, self.head, self.tokens, states)
+        if self.gen is not None:
+            shard["greedy"] = torch.tensor([-1] * (len(self.head) - 1) + self.greedy,
+                                           dtype=torch.long)
+        return shard
 
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """How collect_batched answers: `size` prompts at once (one pass steps them
+    """How collect_batched answers: `size` answers at once (one pass steps them
     all: on a backend whose batched passes cost about one plain step that is
     ~size times the tokens/s), the states of `layers`, `context` prompt positions
-    kept before each answer (None: a hidden-head shard, no prompt states), and a
-    deadline (time.monotonic(); no new prompt is started after it)."""
+    kept before each answer (None: a hidden-head shard, no prompt states), a
+    deadline (time.monotonic(); no new prompt is started after it), and `samples`
+    answers per prompt: the greedy one, then samples - 1 drawn at `temperature`
+    (eagle3 shards only), all from one prefill of the prompt (its cache copied):
+    the prompt's cost is shared by more answer tokens."""
 
     size: int
     layers: tuple[int, ...] = (FINAL_LAYER,)
     context: int | None = None
     deadline: float | None = None
+    samples: int = 1
+    temperature: float = 0.8
+
+    def __post_init__(self) -> None:
+        if self.samples < 1 or self.temperature <= 0:
+            raise ValueError("samples must be >= 1 and temperature > 0")
+        if self.samples > 1 and (self.context is None or self.size < self.samples):
+            raise ValueError(f"{self.samples} answers per prompt need eagle3 shards "
+                             f"(a context) and a batch of at least {self.samples}")
 
 
-def _open_answer(target, handle, index: int, ids: list[int], plan: BatchPlan,
-                 stop: set[int], max_new_tokens: int) -> _Answer | None:
-    """Prefill a prompt on its handle and take its first token (None: no room)."""
+def shard_path(out_dir: Path, index: int, sample: int) -> Path:
+    """Prompt `index`'s answer `sample`: NNNNNN.safetensors for the greedy one (0),
+    NNNNNN-sJ.safetensors for sampled answer J."""
+    return out_dir / (f"{index:06d}.safetensors" if sample == 0
+                      else f"{index:06d}-s{sample}.safetensors")
+
+
+def _open_answers(target, free: list, index: int, ids: list[int], missing: list[int],
+                  plan: BatchPlan, stop: set[int], max_new_tokens: int) -> list[_Answer] | None:
+    """Prefill a prompt on a free handle and start its `missing` answers (each on a
+    handle of its own, the prefill's cache copied there) with their first token
+    (None: no room, nothing taken from `free`)."""
     eagle = plan.context is not None
     if len(ids) + 1 >= target.max_seq_len or (eagle and len(ids) < 2):
         return None
+    handle = free.pop()
     out = handle.prefill(torch.tensor(ids), hidden_layers=plan.layers, hidden_all=eagle)
     start = max(0, len(ids) - plan.context) if eagle else 0
     head = (torch.cat([out.hidden_states[i][start:].float() for i in plan.layers], -1)
             if eagle else None)
-    answer = _Answer(index, handle, ids, start, head)
-    answer.take(out, plan.layers, stop, max_new_tokens)
-    return answer
+    snap = handle.snapshot() if len(missing) > 1 else None
+    answers = []
+    for n, sample in enumerate(missing):
+        if n:
+            handle = free.pop()
+            handle.restore(snap)
+        gen = None if sample == 0 else torch.Generator().manual_seed(index * 1009 + sample)
+        answer = _Answer(index, handle, ids, start, head, sample, gen, plan.temperature)
+        answer.take(out, plan.layers, stop, max_new_tokens)
+        answers.append(answer)
+    return answers
 
 
 @torch.no_grad()
 def collect_batched(target, encode: Callable[[str], list[int]], prompts: Sequence[str],
                     out_dir: str | Path, plan: BatchPlan, *, max_new_tokens: int = 256,
                     stop_ids: Iterable[int] = (), order: Sequence[int] | None = None,
-                    progress: bool = True) -> list[Path]:
-    """collect's shards, `plan.size` prompts answered at once: each prompt runs on a
-    sequence handle of the target (target.sequence(i)) and every pass steps all
-    open answers by one greedy token (target.forward_many). Greedy as alone up to
-    the rounding of a pass of another shape (a near-tie can go the other way: the
-    answer is still the target's own). order: which prompts first (default: in
-    turn); prompts not reached by plan.deadline get no shard. Returns all paths."""
+                    greedy_only: Collection[int] = (), progress: bool = True) -> list[Path]:
+    """collect's shards, `plan.size` answers at once: each answer runs on a sequence
+    handle of the target (target.sequence(i)) and every pass steps all open answers
+    by one token (target.forward_many). Greedy as alone up to the rounding of a
+    pass of another shape (a near-tie can go the other way: the answer is still
+    the target's own). order: which prompts first (default: in turn); prompts not
+    reached by plan.deadline get no shard; greedy_only: prompts answered only
+    greedily (validation). Returns every path (shard_path), per prompt in order:
+    the greedy answer's, then its sampled answers'."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{i:06d}.safetensors" for i in range(len(prompts))]
-    todo = iter([i for i in (order or range(len(prompts))) if not paths[i].is_file()])
+    greedy_only = set(greedy_only)
+    wanted = [[shard_path(out_dir, i, j) for j in range(1 if i in greedy_only else plan.samples)]
+              for i in range(len(prompts))]
+    missing = {i: [j for j, p in enumerate(ps) if not p.is_file()] for i, ps in enumerate(wanted)}
+    todo = iter([i for i in (order or range(len(prompts))) if missing[i]])
     free, open_, stop = [target.sequence(i) for i in range(plan.size)], [], set(stop_ids)
-    with _progress(progress, sum(not p.is_file() for p in paths)) as advance:
+    pending = None
+    with _progress(progress, sum(map(len, missing.values()))) as advance:
         while True:
-            while free and (plan.deadline is None or time.monotonic() < plan.deadline):
-                i = next(todo, None)
-                if i is None:
+            while plan.deadline is None or time.monotonic() < plan.deadline:
+                pending = next(todo, None) if pending is None else pending
+                if pending is None or len(free) < len(missing[pending]):
                     break
-                answer = _open_answer(target, free[-1], i, encode(prompts[i]), plan, stop,
-                                      max_new_tokens)
-                if answer is None:
-                    _write(paths[i], _empty_shard(plan.context))
+                opened = _open_answers(target, free, pending, encode(prompts[pending]),
+                                       missing[pending], plan, stop, max_new_tokens)
+                for j in missing[pending] if opened is None else ():
+                    _write(wanted[pending][j], _empty_shard(plan.context))
                     advance(0)
-                    continue
-                free.pop()
-                open_.append(answer)
+                open_ += opened or []
+                pending = None
             if not open_:
-                return paths
-            running = [a for a in open_ if not a.done]
-            if running:
-                outs = target.forward_many([(a.handle, torch.tensor(a.tokens[-1:]))
-                                            for a in running], last_n=1,
-                                           hidden_layers=plan.layers)
-                for a, out in zip(running, outs):
-                    a.take(out, plan.layers, stop, max_new_tokens)
+                return [p for ps in wanted for p in ps]
+            _step(target, [a for a in open_ if not a.done], plan, stop, max_new_tokens)
             for a in [a for a in open_ if a.done]:
-                _write(paths[a.index], a.shard())
+                _write(wanted[a.index][a.sample], a.shard())
                 advance(len(a.tokens))
                 open_.remove(a)
                 free.append(a.handle)
+
+
+def _step(target, running: list[_Answer], plan: BatchPlan, stop: set[int],
+          max_new_tokens: int) -> None:
+    """One batched pass stepping every running answer by its last token."""
+    if not running:
+        return
+    outs = target.forward_many([(a.handle, torch.tensor(a.tokens[-1:])) for a in running],
+                               last_n=1, hidden_layers=plan.layers)
+    for a, out in zip(running, outs):
+        a.take(out, plan.layers, stop, max_new_tokens)
 
 
 def _empty_shard(context: int | None) -> dict[str, torch.Tensor]:

@@ -63,13 +63,15 @@ class Shard:
     """One window: aux [T, LH] as stored (float16: half the memory of float32 for
     a run's thousands of windows), ids [T + 1] int64,
     answer_start, start (data.py); scale [LH] or None: what `features` multiplies
-    aux by (scale_windows)."""
+    aux by (scale_windows); greedy [T] int64 or None: a sampled answer's greedy
+    token at each row (data.BatchPlan.samples), its labels in place of ids."""
 
     aux: torch.Tensor
     ids: torch.Tensor
     answer_start: int
     start: int
     scale: torch.Tensor | None = None
+    greedy: torch.Tensor | None = None
 
     def features(self) -> torch.Tensor:  # -> [T, LH] float32
         """What the head trains on: aux in float32, times scale when set."""
@@ -77,10 +79,12 @@ class Shard:
         return aux if self.scale is None else aux * self.scale
 
     def labels(self, t2d: torch.Tensor, depth: int) -> torch.Tensor:  # -> [T] int64
-        """Draft ids of x_{p+2} for each entry p of `depth` (-100: not scored)."""
+        """Draft ids of x_{p+2} for each entry p of `depth` (-100: not scored): of
+        the target's greedy token at row p + 1 for a sampled answer's window (the
+        token a draft must hit after x_{p+1}; x_{p+2} itself was drawn)."""
         t = self.aux.shape[0]
         nxt = torch.full((t,), -1, dtype=torch.long)
-        nxt[: max(0, t - 1)] = self.ids[2:t + 1]
+        nxt[: max(0, t - 1)] = self.ids[2:t + 1] if self.greedy is None else self.greedy[1:t]
         p = torch.arange(t)
         ok = (nxt >= 0) & (p + 2 >= self.answer_start) & (p >= depth)
         return torch.where(ok, t2d[nxt.clamp(min=0)], -100)
@@ -94,7 +98,7 @@ def load_windows(paths: Sequence) -> list[Shard]:
         t = load_file(str(path))
         if t["aux"].shape[0] >= 2:
             out.append(Shard(t["aux"], t["ids"], int(t["answer_start"][0]),
-                             int(t["start"][0])))
+                             int(t["start"][0]), greedy=t.get("greedy")))
     return out
 
 

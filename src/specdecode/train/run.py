@@ -45,6 +45,8 @@ class RunOptions:
     train_minutes: float | None = None  # training's time budget (fit.fit minutes)
     precision: str = "fp32"  # or "bf16": the loss under torch.autocast (fit.fit)
     head_intermediate: int | None = None  # eagle3: the head's MLP width (None: the target's)
+    answers_per_prompt: int = 1  # eagle3: the greedy answer + sampled ones (data.BatchPlan)
+    sample_temperature: float = 0.8  # the sampled answers' temperature
 
 
 def prompt_set(n: int) -> list[str]:
@@ -125,9 +127,11 @@ def _collect(target, encode: Callable[[str], list[int]], prompts: list[str], fol
              options: RunOptions, progress: bool) -> list[Path]:
     """The shards of every prompt (data.collect), or answered options.answer_batch at
     a time within options.collect_minutes, the validation prompts first (data.
-    collect_batched: the training prompts not reached get no shard)."""
+    collect_batched: the training prompts not reached get no shard; the validation
+    prompts are answered greedily only, so they hold the last n_val paths)."""
     eagle = options.drafter == "eagle3"
-    if options.answer_batch <= 1 and options.collect_minutes is None:
+    if (options.answer_batch <= 1 and options.collect_minutes is None
+            and options.answers_per_prompt == 1):
         answer = (lambda ids: data.answer_with_context(  # noqa: E731
             target, ids, options.max_new_tokens, stop_ids, layers, options.context)
             ) if eagle else None
@@ -137,12 +141,13 @@ def _collect(target, encode: Callable[[str], list[int]], prompts: list[str], fol
     deadline = (None if options.collect_minutes is None
                 else time.monotonic() + 60 * options.collect_minutes)
     plan = data.BatchPlan(options.answer_batch, layers, options.context if eagle else None,
-                          deadline)
+                          deadline, options.answers_per_prompt, options.sample_temperature)
     n = len(prompts)
     order = list(range(n - n_val, n)) + list(range(n - n_val))
     return data.collect_batched(target, encode, prompts, folder, plan,
                                 max_new_tokens=options.max_new_tokens, stop_ids=stop_ids,
-                                order=order, progress=progress)
+                                order=order, greedy_only=range(n - n_val, n),
+                                progress=progress)
 
 
 def _existing(paths: list[Path]) -> list[Path]:
