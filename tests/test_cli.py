@@ -58,6 +58,7 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
      ["--answers-per-prompt 2", "eagle3", "--answer-batch 2"]),
     (["train", "--out", "/tmp/x", "--drafter", "eagle3", "--answer-batch", "4",
       "--answers-per-prompt", "3", "--sample-temperature", "0"], ["--sample-temperature"]),
+    (["train", "--out", "/tmp/x", "--self-prompts", "-1"], ["--self-prompts", ">= 0"]),
 ])
 def test_bad_input_is_one_clean_line(args, needles):
     assert_clean_error(run(*args), *needles)

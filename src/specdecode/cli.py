@@ -193,6 +193,10 @@ def _train_parser(sub) -> None:
                    "tokens); needs --answer-batch at least this")
     p.add_argument("--sample-temperature", type=_positive_float, default=0.8,
                    help="the sampled answers' temperature")
+    p.add_argument("--self-prompts", type=_non_negative_int, default=0,
+                   help="also train on this many requests the target writes itself from "
+                   "its chat template's user turn (writing, role-play, advice...: what the "
+                   "training sets lack), answered greedily after the validation prompts")
     p = sub.add_parser("export", help="write an eagle3 head in the vLLM speculators format "
                                       "and print the vllm serve command")
     p.add_argument("--head", type=Path, required=True, help="a head trained by train")
@@ -580,15 +584,29 @@ def cmd_train(args) -> int:
                          lr=args.lr, precision=args.precision,
                          head_intermediate=args.head_intermediate,
                          answers_per_prompt=args.answers_per_prompt,
-                         sample_temperature=args.sample_temperature)
+                         sample_temperature=args.sample_temperature,
+                         self_prompts=args.self_prompts)
+    if args.self_prompts:
+        _check_self_prompts(llm.tokenizer)
     summary = distil(target, lambda p: llm.encode(p, chat=True), embed, lm_head,
-                     llm.decoder.eos_token_ids, cache, args.out, options,
+                     llm.decoder.eos_token_ids, cache, args.out, options, tokenizer=llm.tokenizer,
                      report=lambda p: print(f"step {p['step']}: tau {p['tau']:.2f} "
                                             f"(validation)", file=sys.stderr))
     print(json.dumps({k: v for k, v in summary.items() if k != "curve"}, indent=1))
     print(f"use it: specdecode generate --target {args.target} --drafter {args.drafter} "
           f"--head {args.out} --chat 'your prompt'", file=sys.stderr)
     return 0
+
+
+def _check_self_prompts(tokenizer) -> None:
+    """--self-prompts needs a chat template whose user turn ends in a control token."""
+    from specdecode.train.self_prompts import user_turn
+    if not tokenizer.has_chat_template:
+        raise UserError("--self-prompts needs a target with a chat template")
+    try:
+        user_turn(tokenizer)
+    except ValueError as e:
+        raise UserError(f"--self-prompts: {e}") from None
 
 
 def cmd_export(args) -> int:

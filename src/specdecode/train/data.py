@@ -265,10 +265,12 @@ def collect_batched(target, encode: Callable[[str], list[int]], prompts: Sequenc
     wanted = [[shard_path(out_dir, i, j) for j in range(1 if i in greedy_only else plan.samples)]
               for i in range(len(prompts))]
     missing = {i: [j for j, p in enumerate(ps) if not p.is_file()] for i, ps in enumerate(wanted)}
-    todo = iter([i for i in (order or range(len(prompts))) if missing[i]])
+    todo = [i for i in (range(len(prompts)) if order is None else order) if missing[i]]
+    total = sum(len(missing[i]) for i in todo)
+    todo = iter(todo)
     free, open_, stop = [target.sequence(i) for i in range(plan.size)], [], set(stop_ids)
     pending = None
-    with _progress(progress, sum(map(len, missing.values()))) as advance:
+    with _progress(progress, total) as advance:
         while True:
             while plan.deadline is None or time.monotonic() < plan.deadline:
                 pending = next(todo, None) if pending is None else pending

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +19,7 @@ import torch
 
 from specdecode.drafters.eagle import Eagle3Config
 from specdecode.models.base import FINAL_LAYER
-from specdecode.train import data, eagle_fit, fit
+from specdecode.train import data, eagle_fit, fit, self_prompts
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class RunOptions:
     head_intermediate: int | None = None  # eagle3: the head's MLP width (None: the target's)
     answers_per_prompt: int = 1  # eagle3: the greedy answer + sampled ones (data.BatchPlan)
     sample_temperature: float = 0.8  # the sampled answers' temperature
+    self_prompts: int = 0  # prompts the target writes itself (self_prompts.py), answered greedily
 
 
 def prompt_set(n: int) -> list[str]:
@@ -72,9 +73,13 @@ def target_tables(target, path: Path) -> tuple[torch.Tensor, torch.Tensor]:
 def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [V, H]
            lm_head: torch.Tensor,  # [V, H]
            stop_ids: tuple[int, ...], cache: Path, out: Path, options: RunOptions,
-           *, progress: bool = True, report: Callable[[dict], None] | None = None) -> dict:
+           *, progress: bool = True, report: Callable[[dict], None] | None = None,
+           tokenizer: self_prompts.ChatTokenizer | None = None) -> dict:
     """Train a head for `target` (a CausalLM exposing the states the head reads) and
-    save it to out: a HiddenStateHead, or with options.drafter "eagle3" an Eagle3Head."""
+    save it to out: a HiddenStateHead, or with options.drafter "eagle3" an Eagle3Head.
+    options.self_prompts needs the target's `tokenizer`: the prompts it writes are
+    kept in cache/self-prompts.jsonl (written before the collection budget starts),
+    their answers in `<folder>-self`."""
     prompts = prompt_set(options.prompts)
     n_val = options.val_prompts or max(1, round(len(prompts) * options.val_share))
     start = time.perf_counter()
@@ -82,11 +87,15 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
     layers = Eagle3Config.default_layers(target.config.num_layers) if eagle else (FINAL_LAYER,)
     folder = (cache / f"eagle3-{'-'.join(map(str, layers))}-ctx{options.context}" if eagle
               else cache / "greedy")
-    paths = _collect(target, encode, prompts, folder, n_val, layers, stop_ids, options,
-                     progress)
+    extra = _self_written(target, tokenizer, cache, options, stop_ids)
+    self_s = time.perf_counter() - start
+    extra_folder = folder.with_name(folder.name + "-self")
+    paths, extra_paths = _collect(target, encode, (prompts, extra), (folder, extra_folder),
+                                  n_val, layers, stop_ids, options, progress)
     collect_s = time.perf_counter() - start
+    trained_on = _existing(paths[:-n_val]) + _existing(extra_paths)
     if eagle:
-        train = eagle_fit.load_windows(_existing(paths[:-n_val]))
+        train = eagle_fit.load_windows(trained_on)
         answers = [(w.ids[w.answer_start:], None) for w in train]
         d2t = fit.draft_vocabulary(answers, options.draft_vocab, embed.shape[0], always=stop_ids)
         head = eagle_fit.new_head(embed, lm_head.float(), d2t, target.config, layers,
@@ -97,7 +106,7 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
         eagle_fit.scale_windows(wt.shards + wv.shards, scale)
         tokens = sum(len(a) for a, _ in answers)
     else:
-        train = data.load_shards(_existing(paths[:-n_val]))
+        train = data.load_shards(trained_on)
         val = data.load_shards(paths[-n_val:])
         d2t = fit.draft_vocabulary(train, options.draft_vocab, embed.shape[0], always=stop_ids)
         head = fit.new_head(embed, lm_head.float(), d2t)
@@ -113,6 +122,8 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
         eagle_fit.fold_scale(head, scale)  # the saved head reads raw states
     head.save(out)
     summary = {"drafter": options.drafter, "prompts": len(prompts), "validation_prompts": n_val,
+               "self_prompts": len(extra), "self_prompts_s": self_s,
+               "self_prompt_answers": len(_existing(extra_paths)),
                "train_tokens": int(tokens), "train_windows": len(wt), "steps": result.steps,
                "collect_s": collect_s, "train_s": result.seconds,
                "untrained_accept": untrained, "accept": result.curve[-1]["accept"],
@@ -122,32 +133,56 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
     return summary
 
 
-def _collect(target, encode: Callable[[str], list[int]], prompts: list[str], folder: Path,
-             n_val: int, layers: tuple[int, ...], stop_ids: tuple[int, ...],
-             options: RunOptions, progress: bool) -> list[Path]:
-    """The shards of every prompt (data.collect), or answered options.answer_batch at
-    a time within options.collect_minutes, the validation prompts first (data.
-    collect_batched: the training prompts not reached get no shard; the validation
-    prompts are answered greedily only, so they hold the last n_val paths)."""
+def _self_written(target, tokenizer: self_prompts.ChatTokenizer | None, cache: Path,
+                  options: RunOptions, stop_ids: tuple[int, ...]) -> list[str]:
+    """options.self_prompts prompts the target writes itself (self_prompts.ensure,
+    options.answer_batch at a time), or none."""
+    if not options.self_prompts:
+        return []
+    if tokenizer is None:
+        raise ValueError("self_prompts needs the target's tokenizer")
+    return self_prompts.ensure(target, tokenizer, cache / "self-prompts.jsonl",
+                               options.self_prompts, batch=options.answer_batch,
+                               stop_ids=stop_ids)
+
+
+def _collect(target, encode: Callable[[str], list[int]], prompts: tuple[list[str], list[str]],
+             folders: tuple[Path, Path], n_val: int, layers: tuple[int, ...],
+             stop_ids: tuple[int, ...], options: RunOptions, progress: bool
+             ) -> tuple[list[Path], list[Path]]:
+    """The shards of the training sets' prompts and of the self-written ones
+    (prompts[1], greedy answers only, into folders[1]): every prompt answered
+    (data.collect), or options.answer_batch at a time within options.collect_minutes
+    (data.collect_batched): the validation prompts first, then the self-written
+    ones, then the rest; prompts not reached get no shard. The validation prompts
+    are answered greedily only and hold the last n_val paths of the first list."""
     eagle = options.drafter == "eagle3"
+    (main, extra), (folder, extra_folder) = prompts, folders
     if (options.answer_batch <= 1 and options.collect_minutes is None
             and options.answers_per_prompt == 1):
         answer = (lambda ids: data.answer_with_context(  # noqa: E731
             target, ids, options.max_new_tokens, stop_ids, layers, options.context)
             ) if eagle else None
-        return data.collect(target, encode, prompts, folder,
-                            max_new_tokens=options.max_new_tokens, stop_ids=stop_ids,
-                            progress=progress, answer=answer)
+        return tuple(data.collect(target, encode, p, f, max_new_tokens=options.max_new_tokens,
+                                  stop_ids=stop_ids, progress=progress, answer=answer)
+                     if p else [] for p, f in ((main, folder), (extra, extra_folder)))
     deadline = (None if options.collect_minutes is None
                 else time.monotonic() + 60 * options.collect_minutes)
     plan = data.BatchPlan(options.answer_batch, layers, options.context if eagle else None,
                           deadline, options.answers_per_prompt, options.sample_temperature)
-    n = len(prompts)
-    order = list(range(n - n_val, n)) + list(range(n - n_val))
-    return data.collect_batched(target, encode, prompts, folder, plan,
-                                max_new_tokens=options.max_new_tokens, stop_ids=stop_ids,
-                                order=order, greedy_only=range(n - n_val, n),
-                                progress=progress)
+    n = len(main)
+    val = range(n - n_val, n)
+
+    def batched(p: list[str], f: Path, order: Sequence[int], greedy_only: Sequence[int]
+                ) -> list[Path]:
+        return data.collect_batched(target, encode, p, f, plan,
+                                    max_new_tokens=options.max_new_tokens, stop_ids=stop_ids,
+                                    order=order, greedy_only=greedy_only, progress=progress)
+
+    batched(main, folder, val, val)
+    extra_paths = (batched(extra, extra_folder, range(len(extra)), range(len(extra)))
+                   if extra else [])
+    return batched(main, folder, list(val) + list(range(n - n_val)), val), extra_paths
 
 
 def _existing(paths: list[Path]) -> list[Path]:
