@@ -59,6 +59,7 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
     (["train", "--out", "/tmp/x", "--drafter", "eagle3", "--answer-batch", "4",
       "--answers-per-prompt", "3", "--sample-temperature", "0"], ["--sample-temperature"]),
     (["train", "--out", "/tmp/x", "--self-prompts", "-1"], ["--self-prompts", ">= 0"]),
+    (["train", "--out", "/tmp/x", "--passages", "3"], ["--passages", "eagle3"]),
 ])
 def test_bad_input_is_one_clean_line(args, needles):
     assert_clean_error(run(*args), *needles)

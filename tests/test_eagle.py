@@ -40,10 +40,13 @@ def test_default_layers():
 
 
 def test_ttt_mask():
-    m = eagle_fit.ttt_mask(4, 2)  # depth 2: depth-0 keys <= p-2, depth-1 key p-1, self
-    assert m[3].tolist() == [True, True, False, False, False, False, True, False,
-                             False, False, False, True]
-    assert m[0, 8:].tolist() == [True, False, False, False]  # no anchor: itself only
+    m = eagle_fit.ttt_mask(4, 2)  # depth 2: depth-0 keys <= a, depth-1 key at a, self
+    assert m.shape == (2, 4 + 3 + 2)  # anchors 0, 1; keys of depth 0, 1 (anchors 0..2), 2
+    assert m[1].tolist() == [True, True, False, False, False, True, False, False, True]
+    m = eagle_fit.ttt_mask(6, 1, first=3)  # anchors 3, 4: depth 1's keys from anchor 3 on
+    assert m.tolist() == [[True] * 4 + [False] * 2 + [True, False],
+                          [True] * 5 + [False] + [False, True]]
+    assert eagle_fit.first_anchor(10, 4) == 5 and eagle_fit.first_anchor(3, 4) == 0
 
 
 @torch.no_grad()
@@ -56,13 +59,65 @@ def test_training_unroll_is_incremental_drafting():
     aux, ids, start = torch.randn(t, width), torch.randint(0, 50, (t + 1,)), 7
     depths = 4
     unrolled = eagle_fit.unrolled_logits(head, aux, ids, start, depths)
+    first = 5  # anchors from 5 on only: the same logits for them
+    kept = eagle_fit.unrolled_logits(head, aux, ids, start, depths, first)
+    assert [len(x) for x in kept] == [t - first - d for d in range(depths)]
     for a in range(t - depths):
         cache = Eagle3Cache()
         cache.reset(start)
         enter(head, cache, aux[: a + 1], ids[1: a + 2])
         _, steps = chain(head, cache, depths, None, forced=ids[a + 2: a + 2 + depths].tolist())
         for d in range(depths):
-            assert torch.allclose(steps[d], unrolled[d][a + d], atol=1e-3), (a, d)
+            assert torch.allclose(steps[d], unrolled[d][a], atol=1e-3), (a, d)
+            if a >= first:
+                assert torch.allclose(steps[d], kept[d][a - first], atol=1e-3), (a, d)
+
+
+def test_loss_and_acceptance_leave_out_only_unscored_anchors():
+    """Sequences.loss and chain_lengths run the unroll from first_anchor on; both
+    equal a reference over every anchor (answer at row 9 of 16; a short window
+    whose answer starts at once; gradients too)."""
+    from specdecode.train.fit import DEPTH_DECAY, target_to_draft
+    target = tiny(7)
+    head = eagle_for(target, 40)
+    t2d = target_to_draft(head.draft_ids, head.config.target_vocab_size)
+    torch.manual_seed(3)
+    width = head.fc.in_features
+    shards = [eagle_fit.Shard(torch.randn(16, width), torch.randint(0, 50, (17,)), 9, 4),
+              eagle_fit.Shard(torch.randn(3, width), torch.randint(0, 50, (4,)), 1, 0)]
+    with torch.no_grad():  # answer tokens the head's first step drafts: chains of 1+
+        s = shards[0]
+        for a in range(s.answer_start - 2, 15):
+            first_step = eagle_fit.unrolled_logits(head, s.features(), s.ids, s.start, 1)[0]
+            s.ids[a + 2] = head.draft_ids[first_step[a].argmax()]
+    seqs = eagle_fit.Sequences(shards, 4)
+    total, count = torch.zeros(()), 0
+    for s in shards:  # reference: every anchor's logits, unscored rows masked by labels
+        for d, rows in enumerate(eagle_fit.unrolled_logits(head, s.features(), s.ids, s.start, 4)):
+            labels = s.labels(t2d, d)[d:]
+            total = total + DEPTH_DECAY ** d * torch.nn.functional.cross_entropy(
+                rows, labels, ignore_index=-100, reduction="sum")
+            count += int((labels >= 0).sum()) if d == 0 else 0
+    want = total / count
+    want.backward()
+    want_grad = head.fc.weight.grad.clone()
+    head.zero_grad()
+    got = seqs.loss(head, t2d)
+    got.backward()
+    assert torch.allclose(got, want, atol=1e-5)
+    assert torch.allclose(head.fc.weight.grad, want_grad, atol=1e-6)
+    with torch.no_grad():
+        s = shards[0]
+        full = eagle_fit.unrolled_logits(head, s.features(), s.ids, s.start, 4)
+        nxt = torch.cat((s.ids[2:], torch.full((4,), -2)))
+        ref = []
+        for a in range(s.answer_start - 2, 15):
+            n = 0
+            while n < 4 and a + n < 16 and int(head.draft_ids[full[n][a].argmax()]) == nxt[a + n]:
+                n += 1
+            ref.append(n)
+        assert min(ref) >= 1
+        assert seqs.chain_lengths(head)[0].tolist() == ref
 
 
 @pytest.mark.parametrize("k", [1, 2, 4])

@@ -197,6 +197,11 @@ def _train_parser(sub) -> None:
                    help="also train on this many requests the target writes itself from "
                    "its chat template's user turn (writing, role-play, advice...: what the "
                    "training sets lack), answered greedily after the validation prompts")
+    p.add_argument("--passages", type=_non_negative_int, default=0,
+                   help="eagle3: also train on this many passages the target did not write "
+                   "(standard-library source and the language reference, labelled with the "
+                   "target's greedy tokens): one pass each, several times the tokens/s of "
+                   "collecting answers")
     p = sub.add_parser("export", help="write an eagle3 head in the vLLM speculators format "
                                       "and print the vllm serve command")
     p.add_argument("--head", type=Path, required=True, help="a head trained by train")
@@ -570,6 +575,8 @@ def cmd_train(args) -> int:
                                         or args.answer_batch < args.answers_per_prompt):
         raise UserError(f"--answers-per-prompt {args.answers_per_prompt} needs --drafter "
                         f"eagle3 and --answer-batch {args.answers_per_prompt} or more")
+    if args.passages and args.drafter != "eagle3":
+        raise UserError("--passages needs --drafter eagle3")
     if args.drafter == "eagle3":
         spec = replace(spec, backend="torch")
     llm = LLM.from_spec(spec)
@@ -585,7 +592,7 @@ def cmd_train(args) -> int:
                          head_intermediate=args.head_intermediate,
                          answers_per_prompt=args.answers_per_prompt,
                          sample_temperature=args.sample_temperature,
-                         self_prompts=args.self_prompts)
+                         self_prompts=args.self_prompts, passages=args.passages)
     if args.self_prompts:
         _check_self_prompts(llm.tokenizer)
     summary = distil(target, lambda p: llm.encode(p, chat=True), embed, lm_head,

@@ -110,7 +110,7 @@ def answer_with_context(target, prompt_ids: Sequence[int], max_new_tokens: int,
     start [1]: s, the window's first position. Empty (T = 0) when no room."""
     layers, prompt = tuple(layers), list(prompt_ids)
     if len(prompt) + 1 >= target.max_seq_len or len(prompt) < 2:
-        return _empty_shard(context)
+        return empty_shard(context)
     out = target.prefill(torch.tensor(prompt), hidden_layers=layers, hidden_all=True)
     s = max(0, len(prompt) - context)
     head = torch.cat([out.hidden_states[i][s:].float() for i in layers], -1)  # [P - s, LH]
@@ -270,7 +270,7 @@ def collect_batched(target, encode: Callable[[str], list[int]], prompts: Sequenc
     todo = iter(todo)
     free, open_, stop = [target.sequence(i) for i in range(plan.size)], [], set(stop_ids)
     pending = None
-    with _progress(progress, total) as advance:
+    with CollectBar(progress, total) as advance:
         while True:
             while plan.deadline is None or time.monotonic() < plan.deadline:
                 pending = next(todo, None) if pending is None else pending
@@ -279,7 +279,7 @@ def collect_batched(target, encode: Callable[[str], list[int]], prompts: Sequenc
                 opened = _open_answers(target, free, pending, encode(prompts[pending]),
                                        missing[pending], plan, stop, max_new_tokens)
                 for j in missing[pending] if opened is None else ():
-                    _write(wanted[pending][j], _empty_shard(plan.context))
+                    write_shard(wanted[pending][j], empty_shard(plan.context))
                     advance(0)
                 open_ += opened or []
                 pending = None
@@ -287,7 +287,7 @@ def collect_batched(target, encode: Callable[[str], list[int]], prompts: Sequenc
                 return [p for ps in wanted for p in ps]
             _step(target, [a for a in open_ if not a.done], plan, stop, max_new_tokens)
             for a in [a for a in open_ if a.done]:
-                _write(wanted[a.index][a.sample], a.shard())
+                write_shard(wanted[a.index][a.sample], a.shard())
                 advance(len(a.tokens))
                 open_.remove(a)
                 free.append(a.handle)
@@ -304,7 +304,7 @@ def _step(target, running: list[_Answer], plan: BatchPlan, stop: set[int],
         a.take(out, plan.layers, stop, max_new_tokens)
 
 
-def _empty_shard(context: int | None) -> dict[str, torch.Tensor]:
+def empty_shard(context: int | None) -> dict[str, torch.Tensor]:
     """A prompt with no room: a hidden-head shard (context None) or an eagle3 one."""
     if context is None:
         return {"tokens": torch.zeros(0, dtype=torch.long), "hidden": torch.zeros(0, 0).half()}
@@ -312,7 +312,7 @@ def _empty_shard(context: int | None) -> dict[str, torch.Tensor]:
             "answer_start": torch.tensor([1]), "start": torch.tensor([0])}
 
 
-def _write(path: Path, shard: dict[str, torch.Tensor]) -> None:
+def write_shard(path: Path, shard: dict[str, torch.Tensor]) -> None:
     """Write a shard under a temporary name, then rename it (a killed run resumes)."""
     from safetensors.torch import save_file
     tmp = path.with_suffix(".part")
@@ -340,10 +340,10 @@ def collect(target, encode: Callable[[str], list[int]], prompts: Sequence[str],
         return {"tokens": tokens, "hidden": hidden.half()}
 
     answer = answer or hidden_head_shard
-    with _progress(progress, len(todo)) as advance:
+    with CollectBar(progress, len(todo)) as advance:
         for i in todo:
             shard = answer(encode(prompts[i]))
-            _write(paths[i], shard)
+            write_shard(paths[i], shard)
             n = len(shard["tokens"]) if "tokens" in shard else int(
                 len(shard["ids"]) - shard["answer_start"][0])
             advance(n)
@@ -360,19 +360,19 @@ def load_shards(paths: Sequence[Path]) -> list[tuple[torch.Tensor, torch.Tensor]
     return out
 
 
-class _progress:
+class CollectBar:
     """A rich progress bar over prompts with answer tokens/s over the wall time since
     it started (nothing when off)."""
 
-    def __init__(self, on: bool, total: int) -> None:
-        self.on, self.total, self.tokens = on, total, 0
+    def __init__(self, on: bool, total: int, label: str = "collecting answers") -> None:
+        self.on, self.total, self.tokens, self.label = on, total, 0, label
         self.started = time.perf_counter()
 
     def __enter__(self) -> Callable[[int], None]:
         if not self.on:
             return lambda n: None
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-        self.bar = Progress(TextColumn("collecting answers"), BarColumn(),
+        self.bar = Progress(TextColumn(self.label), BarColumn(),
                             TextColumn("{task.completed}/{task.total} prompts"),
                             TextColumn("{task.fields[rate]}"), TimeRemainingColumn())
         self.task = self.bar.add_task("collect", total=self.total, rate="")

@@ -11,7 +11,10 @@ x_{p+1} and depth d-1's output at p - 1, and attends to the depth-0 entries
 entry p is scored by cross-entropy on x_{p+2} where that is an answer token
 (the target's greedy token: the one a draft must hit) and the anchor is in the
 window; depth d weighted fit.DEPTH_DECAY**d. drafters/eagle.py `chain` runs
-exactly this with the drafted tokens (tests/test_eagle.py checks it).
+exactly this with the drafted tokens (tests/test_eagle.py checks it). Anchors
+whose chain cannot reach an answer token (before first_anchor: the prompt tail)
+get no query and no deeper step; their depth-0 keys and values are still the
+context (a step 1.4x faster with 128-row prompt tails: bench/train_step.py).
 
 Validation: greedy chain acceptance per depth from every anchor whose first
 drafted token is an answer token (a missing label counts as a miss), and
@@ -29,32 +32,47 @@ from specdecode.drafters.eagle import Eagle3Config, Eagle3Head
 from specdecode.train.fit import DEPTH_DECAY
 
 
-def ttt_mask(t: int, depth: int) -> torch.Tensor:  # -> [t, (depth + 1) * t] bool
-    """Which keys entry p of `depth` attends to: depth 0's keys 0..p-depth, then
-    depth j's key p-depth+j for j = 1..depth (itself last)."""
-    p = torch.arange(t)[:, None]
-    i = torch.arange(t)[None, :]
-    blocks = [i <= p - depth] + [i == p - depth + j for j in range(1, depth + 1)]
+def ttt_mask(t: int, depth: int, first: int = 0) -> torch.Tensor:  # -> [n, keys] bool
+    """Which keys the entries of `depth` attend to, one row per anchor a = first ..
+    t - 1 - depth (entry p = a + depth): depth 0's t keys 0..a, then for j = 1..depth
+    depth j's keys (one per anchor from `first`, t - first - j of them) at anchor a
+    (itself last)."""
+    a = torch.arange(first, t - depth)[:, None]
+    blocks = [torch.arange(t)[None, :] <= a]
+    blocks += [torch.arange(first, t - j)[None, :] == a for j in range(1, depth + 1)]
     return torch.cat(blocks, 1)
+
+
+def first_anchor(answer_start: int, depths: int) -> int:
+    """The first anchor whose chain of `depths` steps scores an answer token (step d
+    from anchor a scores x_{a+d+2}): the training unroll leaves earlier ones out."""
+    return max(0, answer_start - depths - 1)
 
 
 def unrolled_logits(head: Eagle3Head, aux: torch.Tensor,  # [T, len(aux_layers) * H]
                     ids: torch.Tensor,  # [T + 1] int64 x_s .. x_{s+T}
-                    start: int, depths: int) -> list[torch.Tensor]:  # depths x [T, Vd]
-    """Each depth's logits at every entry (row p scores x_{s+p+2}); rows p < d of
-    depth d have no anchor in the window (ignore them)."""
+                    start: int, depths: int, first: int = 0,
+                    ) -> list[torch.Tensor]:  # depth d < T - first: [T - first - d, Vd]
+    """Each depth's logits per anchor from `first` on: row i of depth d is chain step
+    d from anchor a = first + i (entry p = a + d, scoring x_{s+p+2}). Depth 0 runs
+    the layer over every row (its keys are the context); deeper steps and the
+    lm_head only over the anchors kept (first_anchor: the ones a loss can score)."""
     t, layer = aux.shape[0], head.layer
     positions = torch.arange(start, start + t)
     e, g = head.embed_of(ids[1:]), head.fuse(aux)
     keys, values, out = [], [], []
-    for d in range(depths):
-        q, k, v = layer.qkv(e, g, positions)
+    for d in range(min(depths, t - first)):  # (a short window has no anchor that deep)
+        if d == 0:  # keys and values of every row, queries of the anchors kept
+            q, k, v = layer.qkv(e, g, positions)
+            q, g = q[:, first:], g[first:]
+        else:
+            q, k, v = layer.qkv(e[first + d:], g, positions[first + d:])
         keys.append(k)
         values.append(v)
         o = layer.finish(g, layer.self_attn.attend(
-            q, torch.cat(keys, 1), torch.cat(values, 1), ttt_mask(t, d)))
+            q, torch.cat(keys, 1), torch.cat(values, 1), ttt_mask(t, d, first)))
         out.append(head.logits(o))
-        g = torch.cat((torch.zeros_like(o[:1]), o[:-1]))  # depth d+1 at p reads o at p-1
+        g = o[:-1]  # depth d+1 at anchor a reads depth d's output at a
     return out
 
 
@@ -153,10 +171,11 @@ class Sequences:
     def loss(self, head: Eagle3Head, t2d: torch.Tensor) -> torch.Tensor:
         total, count = torch.zeros(()), 0
         for shard in self.shards:
+            first = first_anchor(shard.answer_start, self.depths)
             logits = unrolled_logits(head, shard.features(), shard.ids, shard.start,
-                                     self.depths)
+                                     self.depths, first)
             for d, rows in enumerate(logits):
-                labels = shard.labels(t2d, d)
+                labels = shard.labels(t2d, d)[first + d:]
                 n = int((labels >= 0).sum())
                 if n:
                     total = total + DEPTH_DECAY ** d * torch.nn.functional.cross_entropy(
@@ -170,8 +189,9 @@ class Sequences:
         `depths` steps from each answer anchor match the target's own tokens."""
         out = []
         for shard in self.shards:
+            first = first_anchor(shard.answer_start, self.depths)
             logits = unrolled_logits(head, shard.features(), shard.ids, shard.start,
-                                     self.depths)
+                                     self.depths, first)
             t = shard.aux.shape[0]
             nxt = torch.full((t + self.depths,), -2, dtype=torch.long)
             nxt[: t - 1] = shard.ids[2:t + 1]
@@ -180,7 +200,7 @@ class Sequences:
             length = torch.zeros(len(a), dtype=torch.long)
             for d, rows in enumerate(logits):
                 p = a + d
-                drafted = head.draft_ids[rows[p.clamp(max=t - 1)].argmax(-1)]
+                drafted = head.draft_ids[rows[(a - first).clamp(max=len(rows) - 1)].argmax(-1)]
                 alive &= (p < t) & (drafted == nxt[p])
                 length += alive
             out.append(length)

@@ -162,12 +162,15 @@ def fit(head, train, val, *, steps: int, batch: int = 256, lr: float = 1e-3,
     called after each step with (step, steps planned now, answer tokens seen)."""
     t2d = target_to_draft(head.draft_ids, head.config.target_vocab_size)
     params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    device = params[0].device.type
+    # fused: one kernel per step for all parameters (4-5 % of an EAGLE-3 step
+    # here: bench/train_step.py)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0,
+                            fused=device in ("cpu", "cuda"))
     plan = StepPlan(steps, minutes, evals)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, plan.total) / max(1, plan.total))))
     gen, result = torch.Generator().manual_seed(seed), TrainResult()
-    device = params[0].device.type
     step, seen = 0, 0
     head.train()
     while step < plan.total:

@@ -19,7 +19,7 @@ import torch
 
 from specdecode.drafters.eagle import Eagle3Config
 from specdecode.models.base import FINAL_LAYER
-from specdecode.train import data, eagle_fit, fit, self_prompts
+from specdecode.train import data, eagle_fit, fit, passages, self_prompts
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class RunOptions:
     answers_per_prompt: int = 1  # eagle3: the greedy answer + sampled ones (data.BatchPlan)
     sample_temperature: float = 0.8  # the sampled answers' temperature
     self_prompts: int = 0  # prompts the target writes itself (self_prompts.py), answered greedily
+    passages: int = 0  # eagle3: teacher-forced passages (passages.py), training only
 
 
 def prompt_set(n: int) -> list[str]:
@@ -79,7 +80,9 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
     save it to out: a HiddenStateHead, or with options.drafter "eagle3" an Eagle3Head.
     options.self_prompts needs the target's `tokenizer`: the prompts it writes are
     kept in cache/self-prompts.jsonl (written before the collection budget starts),
-    their answers in `<folder>-self`."""
+    their answers in `<folder>-self`. options.passages (eagle3; the tokenizer too):
+    that many teacher-forced passages' windows, after the collection budget, in
+    `<folder>-passages`."""
     prompts = prompt_set(options.prompts)
     n_val = options.val_prompts or max(1, round(len(prompts) * options.val_share))
     start = time.perf_counter()
@@ -93,18 +96,14 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
     paths, extra_paths = _collect(target, encode, (prompts, extra), (folder, extra_folder),
                                   n_val, layers, stop_ids, options, progress)
     collect_s = time.perf_counter() - start
-    trained_on = _existing(paths[:-n_val]) + _existing(extra_paths)
+    passage_paths = _passages(target, encode, tokenizer,
+                              folder.with_name(folder.name + "-passages"), layers, options,
+                              progress)
+    passages_s = time.perf_counter() - start - collect_s
+    trained_on = _existing(paths[:-n_val]) + _existing(extra_paths) + passage_paths
     if eagle:
-        train = eagle_fit.load_windows(trained_on)
-        answers = [(w.ids[w.answer_start:], None) for w in train]
-        d2t = fit.draft_vocabulary(answers, options.draft_vocab, embed.shape[0], always=stop_ids)
-        head = eagle_fit.new_head(embed, lm_head.float(), d2t, target.config, layers,
-                                  options.head_intermediate)
-        wt = eagle_fit.Sequences(train, options.depths)
-        wv = eagle_fit.Sequences(eagle_fit.load_windows(paths[-n_val:]), options.depths)
-        scale = eagle_fit.input_scale(train)
-        eagle_fit.scale_windows(wt.shards + wv.shards, scale)
-        tokens = sum(len(a) for a, _ in answers)
+        head, wt, wv, scale, tokens = _eagle_setup(trained_on, paths[-n_val:], embed, lm_head,
+                                                   stop_ids, target.config, layers, options)
     else:
         train = data.load_shards(trained_on)
         val = data.load_shards(paths[-n_val:])
@@ -124,6 +123,7 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
     summary = {"drafter": options.drafter, "prompts": len(prompts), "validation_prompts": n_val,
                "self_prompts": len(extra), "self_prompts_s": self_s,
                "self_prompt_answers": len(_existing(extra_paths)),
+               "passages": len(passage_paths), "passages_s": passages_s,
                "train_tokens": int(tokens), "train_windows": len(wt), "steps": result.steps,
                "collect_s": collect_s, "train_s": result.seconds,
                "untrained_accept": untrained, "accept": result.curve[-1]["accept"],
@@ -131,6 +131,27 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     plot_curve(result.curve, out / "curve.png")
     return summary
+
+
+def _eagle_setup(trained_on: list[Path], val: list[Path], embed: torch.Tensor,  # [V, H]
+                 lm_head: torch.Tensor,  # [V, H]
+                 stop_ids: tuple[int, ...], target_cfg, layers: tuple[int, ...],
+                 options: RunOptions):
+    """(a new Eagle3Head, training and validation Sequences scaled by input_scale,
+    the scale, answer tokens): the draft vocabulary from the tokens the head must
+    draft, the labels (a window's greedy tokens where it has them: sampled answers,
+    passages; else its answer)."""
+    train = eagle_fit.load_windows(trained_on)
+    answers = [(w.ids[w.answer_start:] if w.greedy is None else w.greedy[w.answer_start - 1:],
+                None) for w in train]
+    d2t = fit.draft_vocabulary(answers, options.draft_vocab, embed.shape[0], always=stop_ids)
+    head = eagle_fit.new_head(embed, lm_head.float(), d2t, target_cfg, layers,
+                              options.head_intermediate)
+    wt = eagle_fit.Sequences(train, options.depths)
+    wv = eagle_fit.Sequences(eagle_fit.load_windows(val), options.depths)
+    scale = eagle_fit.input_scale(train)
+    eagle_fit.scale_windows(wt.shards + wv.shards, scale)
+    return head, wt, wv, scale, sum(len(a) for a, _ in answers)
 
 
 def _self_written(target, tokenizer: self_prompts.ChatTokenizer | None, cache: Path,
@@ -144,6 +165,22 @@ def _self_written(target, tokenizer: self_prompts.ChatTokenizer | None, cache: P
     return self_prompts.ensure(target, tokenizer, cache / "self-prompts.jsonl",
                                options.self_prompts, batch=options.answer_batch,
                                stop_ids=stop_ids)
+
+
+def _passages(target, encode: Callable[[str], list[int]],
+              tokenizer: self_prompts.ChatTokenizer | None, folder: Path,
+              layers: tuple[int, ...], options: RunOptions, progress: bool) -> list[Path]:
+    """options.passages teacher-forced windows (passages.collect; answers cut to
+    options.max_new_tokens), or none."""
+    if not options.passages:
+        return []
+    if options.drafter != "eagle3" or tokenizer is None:
+        raise ValueError("passages need an eagle3 run and the target's tokenizer")
+    return passages.collect(target, encode,
+                            lambda text: tokenizer.hf.encode(text, add_special_tokens=False),
+                            passages.passages(options.passages), folder, layers,
+                            context=options.context, max_answer_tokens=options.max_new_tokens,
+                            progress=progress)
 
 
 def _collect(target, encode: Callable[[str], list[int]], prompts: tuple[list[str], list[str]],
