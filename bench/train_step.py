@@ -8,7 +8,8 @@ head shape (hidden 1536, 12/2 heads, MLP 3072, 8,192 draft ids, 3 aux layers,
 Windows shaped like a run's: a prompt tail of 128 (or a shorter prompt's 101)
 rows before answers of 256 and 150 tokens, random weights and states (the cost
 does not depend on them). Four arms, interleaved round by round, one step each
-after two untimed: every anchor (first = 0, the earlier unroll's work) or from
+after two untimed: every anchor (first = 0; the earlier unroll also ran the rows
+p < d that have no anchor, slightly more work) or from
 first_anchor on, with torch's per-tensor AdamW or its fused one. Prints the median
 seconds per step of each arm and the loss of one batch both ways (equal: only
 unscored rows are left out).

@@ -101,11 +101,11 @@ def test_a_run_trains_on_passages_beside_the_answers(smollm2, tmp_path):
     written = {p: p.stat().st_mtime_ns for p in cache.rglob("*") if p.is_file()}
     second = run(1)
     assert {p: p.stat().st_mtime_ns for p in cache.rglob("*") if p.is_file()} == written
-    folder = next(p for p in cache.iterdir() if p.name.endswith("-passages"))
+    folder = next(p for p in cache.iterdir() if p.name.endswith("-passages-a12"))
     windows = eagle_fit.load_windows(sorted(folder.glob("*.safetensors")))
     assert len(windows) == 3 and all(w.greedy is not None for w in windows)
-    main = eagle_fit.load_windows(sorted(folder.with_name(folder.name[:-9]).glob("*.safetensors"))
-                                  [:2])
+    main_folder = folder.with_name(folder.name[: -len("-passages-a12")])
+    main = eagle_fit.load_windows(sorted(main_folder.glob("*.safetensors"))[:2])
     for summary in (first, second):
         assert summary["passages"] == 3 and summary["train_windows"] == len(main) + 3
     assert first["train_tokens"] == second["train_tokens"]

@@ -14,7 +14,7 @@ window; depth d weighted fit.DEPTH_DECAY**d. drafters/eagle.py `chain` runs
 exactly this with the drafted tokens (tests/test_eagle.py checks it). Anchors
 whose chain cannot reach an answer token (before first_anchor: the prompt tail)
 get no query and no deeper step; their depth-0 keys and values are still the
-context (a step 1.4x faster with 128-row prompt tails: bench/train_step.py).
+context (a step 1.36x faster with 128-row prompt tails: bench/train_step.py).
 
 Validation: greedy chain acceptance per depth from every anchor whose first
 drafted token is an answer token (a missing label counts as a miss), and

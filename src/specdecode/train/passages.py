@@ -10,7 +10,9 @@ after that prefix, whatever the text goes on with. The text is the project's
 own choice from what ships with Python (no file or network needed, never a
 measuring set): functions' source as the answer to a request made from their
 docstring, and the language reference's prose (pydoc_data) as the answer to a
-request to explain a topic, in turn.
+request to explain a topic, in turn. The list follows the Python that runs it
+(1,047 code passages on 3.11.7): shards are named by position, so a cache is
+for one Python version.
 """
 
 from __future__ import annotations

@@ -82,7 +82,9 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
     kept in cache/self-prompts.jsonl (written before the collection budget starts),
     their answers in `<folder>-self`. options.passages (eagle3; the tokenizer too):
     that many teacher-forced passages' windows, after the collection budget, in
-    `<folder>-passages`."""
+    `<folder>-passages-a<max_new_tokens>` (answers cut to that)."""
+    if options.passages and (options.drafter != "eagle3" or tokenizer is None):
+        raise ValueError("passages need an eagle3 run and the target's tokenizer")
     prompts = prompt_set(options.prompts)
     n_val = options.val_prompts or max(1, round(len(prompts) * options.val_share))
     start = time.perf_counter()
@@ -97,8 +99,8 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
                                   n_val, layers, stop_ids, options, progress)
     collect_s = time.perf_counter() - start
     passage_paths = _passages(target, encode, tokenizer,
-                              folder.with_name(folder.name + "-passages"), layers, options,
-                              progress)
+                              folder.with_name(f"{folder.name}-passages-a{options.max_new_tokens}"),
+                              layers, options, progress)
     passages_s = time.perf_counter() - start - collect_s
     trained_on = _existing(paths[:-n_val]) + _existing(extra_paths) + passage_paths
     if eagle:
@@ -174,8 +176,6 @@ def _passages(target, encode: Callable[[str], list[int]],
     options.max_new_tokens), or none."""
     if not options.passages:
         return []
-    if options.drafter != "eagle3" or tokenizer is None:
-        raise ValueError("passages need an eagle3 run and the target's tokenizer")
     return passages.collect(target, encode,
                             lambda text: tokenizer.hf.encode(text, add_special_tokens=False),
                             passages.passages(options.passages), folder, layers,
