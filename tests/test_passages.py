@@ -112,3 +112,24 @@ def test_a_run_trains_on_passages_beside_the_answers(smollm2, tmp_path):
     with pytest.raises(ValueError, match="eagle3"):
         distil(target, encode, embed, lm_head, stops, cache, tmp_path / "h",
                RunOptions(prompts=4, val_prompts=2, passages=1), progress=False, tokenizer=tok)
+
+
+def test_the_draft_vocabulary_counts_the_labels_where_a_window_has_them(tmp_path):
+    """A labelled window (passage, sampled answer) adds its greedy tokens from the
+    last prompt row on, not its text; an answer's window adds its answer."""
+    from specdecode.train.run import _eagle_setup
+    target = tiny(5)
+    h, layers = target.config.hidden_size, (0, 1)
+    labelled = {"ids": torch.tensor([1, 2, 30, 30, 30, 30]), "aux": torch.zeros(5, 2 * h).half(),
+                "answer_start": torch.tensor([2]), "start": torch.tensor([0]),
+                "greedy": torch.tensor([-1, 7, 7, 7, 7])}
+    answer = {"ids": torch.tensor([1, 2, 9, 9]), "aux": torch.zeros(3, 2 * h).half(),
+              "answer_start": torch.tensor([2]), "start": torch.tensor([0])}
+    paths = [tmp_path / "a.safetensors", tmp_path / "b.safetensors"]
+    data.write_shard(paths[0], labelled)
+    data.write_shard(paths[1], answer)
+    options = RunOptions(drafter="eagle3", draft_vocab=2)
+    head, wt, _, _, tokens = _eagle_setup(paths, paths[1:], target.embed_tokens.weight,
+                                          target.lm_head.weight, (), target.config, layers,
+                                          options)
+    assert head.draft_ids.tolist() == [7, 9] and tokens == 4 + 2 and len(wt) == 2
