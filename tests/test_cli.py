@@ -60,6 +60,7 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
       "--answers-per-prompt", "3", "--sample-temperature", "0"], ["--sample-temperature"]),
     (["train", "--out", "/tmp/x", "--self-prompts", "-1"], ["--self-prompts", ">= 0"]),
     (["train", "--out", "/tmp/x", "--passages", "3"], ["--passages", "eagle3"]),
+    (["train", "--out", "/tmp/x", "--soft-labels"], ["--soft-labels", "eagle3"]),
 ])
 def test_bad_input_is_one_clean_line(args, needles):
     assert_clean_error(run(*args), *needles)

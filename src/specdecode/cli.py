@@ -202,6 +202,10 @@ def _train_parser(sub) -> None:
                    "(standard-library source and the language reference, labelled with the "
                    "target's greedy tokens): one pass each, several times the tokens/s of "
                    "collecting answers")
+    p.add_argument("--soft-labels", action="store_true",
+                   help="eagle3: train against the target's distribution at each position "
+                   "(its 32 most likely tokens, kept while collecting) instead of its greedy "
+                   "token alone")
     p = sub.add_parser("export", help="write an eagle3 head in the vLLM speculators format "
                                       "and print the vllm serve command")
     p.add_argument("--head", type=Path, required=True, help="a head trained by train")
@@ -577,6 +581,8 @@ def cmd_train(args) -> int:
                         f"eagle3 and --answer-batch {args.answers_per_prompt} or more")
     if args.passages and args.drafter != "eagle3":
         raise UserError("--passages needs --drafter eagle3")
+    if args.soft_labels and args.drafter != "eagle3":
+        raise UserError("--soft-labels needs --drafter eagle3")
     if args.drafter == "eagle3":
         spec = replace(spec, backend="torch")
     llm = LLM.from_spec(spec)
@@ -592,7 +598,8 @@ def cmd_train(args) -> int:
                          head_intermediate=args.head_intermediate,
                          answers_per_prompt=args.answers_per_prompt,
                          sample_temperature=args.sample_temperature,
-                         self_prompts=args.self_prompts, passages=args.passages)
+                         self_prompts=args.self_prompts, passages=args.passages,
+                         soft_labels=args.soft_labels)
     if args.self_prompts:
         _check_self_prompts(llm.tokenizer)
     summary = distil(target, lambda p: llm.encode(p, chat=True), embed, lm_head,
@@ -600,6 +607,10 @@ def cmd_train(args) -> int:
                      report=lambda p: print(f"step {p['step']}: tau {p['tau']:.2f} "
                                             f"(validation)", file=sys.stderr))
     print(json.dumps({k: v for k, v in summary.items() if k != "curve"}, indent=1))
+    if args.soft_labels and summary["soft_label_windows"] < summary["train_windows"]:
+        print(f"note: {summary['train_windows'] - summary['soft_label_windows']} of "
+              f"{summary['train_windows']} training windows were collected before soft labels "
+              "were kept (an older cache): those trained on the greedy token", file=sys.stderr)
     print(f"use it: specdecode generate --target {args.target} --drafter {args.drafter} "
           f"--head {args.out} --chat 'your prompt'", file=sys.stderr)
     return 0

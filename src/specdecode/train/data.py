@@ -6,8 +6,11 @@ answer token is kept from the same passes (what the head sees when it
 drafts). One shard per answer, `NNNNNN.safetensors` in the output folder
 (collect_batched can add sampled answers to a prompt: `NNNNNN-sJ.safetensors`):
 `tokens` [n] int64 (the answer a_0..a_{n-1}) and `hidden` [n, H] (row j: the
-state at the position that scored a_j), float16. A shard is written under a
-temporary name and renamed, so a killed run resumes at the first missing one.
+state at the position that scored a_j), float16. EAGLE-3 windows also keep the
+target's distribution at every scored row as its SOFT_K most likely ids and
+their log-probabilities (`top_ids`, `top_logp`: soft labels, eagle_fit.py). A
+shard is written under a temporary name and renamed, so a killed run resumes at
+the first missing one.
 
 Prompts: only the sets the project trains on (TRAIN_SETS, from the shared prompt
 folder beside the checkout); humaneval, mbpp and mt-bench are for measuring and
@@ -31,6 +34,25 @@ from specdecode.models.base import FINAL_LAYER
 TRAIN_SETS = ("gsm8k", "livecodebench", "arena-hard-v2", "swe-bench")
 HELD_OUT = ("humaneval", "mbpp", "mt-bench")
 PROMPTS_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "prompts"
+SOFT_K = 32  # target ids kept per row for soft labels (their probability mass: top_of)
+
+
+def top_of(logits: torch.Tensor,  # [n, V]
+           ) -> tuple[torch.Tensor, torch.Tensor]:  # ([n, SOFT_K] int32, [n, SOFT_K] float16)
+    """The target's SOFT_K most likely ids per row, most likely first, and their
+    log-probabilities under softmax(logits) over the whole vocabulary (on the CPU)."""
+    logits = logits.float()
+    values, ids = logits.topk(min(SOFT_K, logits.shape[-1]), -1)
+    logp = values - torch.logsumexp(logits, -1, keepdim=True)
+    return ids.int().cpu(), logp.half().cpu()
+
+
+def pad_top(top: tuple[torch.Tensor, torch.Tensor], rows: int,  # top: ([n, K], [n, K])
+            ) -> dict[str, torch.Tensor]:
+    """top_ids / top_logp with `rows` unscored rows first (id -1, log-prob 0)."""
+    ids, logp = top
+    return {"top_ids": torch.cat((torch.full((rows, ids.shape[1]), -1, dtype=ids.dtype), ids)),
+            "top_logp": torch.cat((torch.zeros(rows, logp.shape[1], dtype=logp.dtype), logp))}
 
 
 def training_prompts(sets: Sequence[str] = TRAIN_SETS, *, folder: Path = PROMPTS_DIR,
@@ -79,23 +101,28 @@ def answer_with_states(target, prompt_ids: Sequence[int], max_new_tokens: int,
     if len(prompt_ids) + 1 >= target.max_seq_len:
         return torch.zeros(0, dtype=torch.long), torch.zeros(0, 0)
     out = target.prefill(torch.tensor(list(prompt_ids)), hidden_layers=(FINAL_LAYER,))
-    tokens, states = _greedy(target, out, max_new_tokens, set(stop_ids), (FINAL_LAYER,))
+    tokens, states, _ = _greedy(target, out, max_new_tokens, set(stop_ids), (FINAL_LAYER,),
+                                soft=False)
     return torch.tensor(tokens, dtype=torch.long), torch.stack(states)
 
 
-def _greedy(target, out, max_new_tokens: int, stop: set[int], layers: tuple[int, ...]
-            ) -> tuple[list[int], list[torch.Tensor]]:
+def _greedy(target, out, max_new_tokens: int, stop: set[int], layers: tuple[int, ...],
+            soft: bool = True,
+            ) -> tuple[list[int], list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
     """Greedy tokens from a prefill's output on, with the states (the `layers`
-    concatenated, [H * len(layers)] float32) of the position that scored each."""
-    tokens, states = [], []
+    concatenated, [H * len(layers)] float32) of the position that scored each and,
+    with `soft`, that position's top_of ([1, SOFT_K] each)."""
+    tokens, states, tops = [], [], []
     while len(tokens) < max_new_tokens:
         token = int(out.logits[-1].argmax())
         tokens.append(token)
         states.append(torch.cat([out.hidden_states[i][-1].float() for i in layers]))
+        if soft:
+            tops.append(top_of(out.logits[-1:]))
         if token in stop or target.cached_len + 1 >= target.max_seq_len:
             break
         out = target.forward(torch.tensor([token]), last_n=1, hidden_layers=layers)
-    return tokens, states
+    return tokens, states, tops
 
 
 @torch.no_grad()
@@ -107,25 +134,30 @@ def answer_with_context(target, prompt_ids: Sequence[int], max_new_tokens: int,
     ids [T + 1] int64: x_s .. x_{s+T} (prompt tail + answer but its last token's
     state); aux [T, H * len(layers)] float16: row p the states at x_{s+p} (which
     scored x_{s+p+1}); answer_start [1]: index in ids of the answer's first token;
-    start [1]: s, the window's first position. Empty (T = 0) when no room."""
+    start [1]: s, the window's first position; top_ids / top_logp [T, SOFT_K]: the
+    target's distribution at each row from the prompt's last on (top_of; earlier
+    rows -1 / 0). Empty (T = 0) when no room."""
     layers, prompt = tuple(layers), list(prompt_ids)
     if len(prompt) + 1 >= target.max_seq_len or len(prompt) < 2:
         return empty_shard(context)
     out = target.prefill(torch.tensor(prompt), hidden_layers=layers, hidden_all=True)
     s = max(0, len(prompt) - context)
     head = torch.cat([out.hidden_states[i][s:].float() for i in layers], -1)  # [P - s, LH]
-    tokens, states = _greedy(target, out, max_new_tokens, set(stop_ids), layers)
-    return _context_shard(prompt, s, head, tokens, torch.stack(states))
+    tokens, states, tops = _greedy(target, out, max_new_tokens, set(stop_ids), layers)
+    return _context_shard(prompt, s, head, tokens, torch.stack(states),
+                          tuple(torch.cat(part) for part in zip(*tops)))
 
 
 def _context_shard(prompt: list[int], s: int, head: torch.Tensor,  # [P - s, LH]
                    tokens: list[int], states: torch.Tensor,  # [n, LH]
+                   top: tuple[torch.Tensor, torch.Tensor],  # ([n, SOFT_K], [n, SOFT_K])
                    ) -> dict[str, torch.Tensor]:
     """answer_with_context's tensors from the prompt states kept from position s and
-    the answer's tokens with the states that scored them."""
+    the answer's tokens with the states that scored them and their top_of."""
     aux = torch.cat((head[:-1], states))  # states of x_s .. x_{P+n-2}
     return {"ids": torch.tensor(prompt[s:] + tokens, dtype=torch.long), "aux": aux.half(),
-            "answer_start": torch.tensor([len(prompt) - s]), "start": torch.tensor([s])}
+            "answer_start": torch.tensor([len(prompt) - s]), "start": torch.tensor([s]),
+            **pad_top(top, len(head) - 1)}
 
 
 def draw(logits: torch.Tensor, temperature: float,  # logits: [V]
@@ -144,7 +176,8 @@ class _Answer:
     prompt (`sample`: 0 the greedy one), its handle (a sequence of the target),
     ids, the kept prompt states (eagle3: [P - s, LH]), the tokens so far with the
     states that scored each ([LH] float32), and for a sampled answer its seeded
-    generator and the target's greedy token at each of its rows (`greedy`)."""
+    generator and the target's greedy token at each of its rows (`greedy`); eagle3:
+    each row's top_of (`top`)."""
 
     index: int
     handle: object
@@ -157,6 +190,7 @@ class _Answer:
     tokens: list[int] = field(default_factory=list)
     states: list[torch.Tensor] = field(default_factory=list)
     greedy: list[int] = field(default_factory=list)
+    top: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     done: bool = False
 
     def take(self, out, layers: tuple[int, ...], stop: set[int], max_new_tokens: int) -> None:
@@ -168,6 +202,8 @@ class _Answer:
         self.tokens.append(token)
         self.greedy.append(best)
         self.states.append(torch.cat([out.hidden_states[i][-1].float() for i in layers]))
+        if self.head is not None:
+            self.top.append(top_of(logits[None]))
         self.done = (token in stop or len(self.tokens) >= max_new_tokens
                      or self.handle.cached_len + 1 >= self.handle.max_seq_len)
 
@@ -180,7 +216,8 @@ class _Answer:
         if self.head is None:
             return {"tokens": torch.tensor(self.tokens, dtype=torch.long),
                     "hidden": states.half()}
-        shard = _context_shard(self.prompt, self.start, self.head, self.tokens, states)
+        top = tuple(torch.cat(part) for part in zip(*self.top))
+        shard = _context_shard(self.prompt, self.start, self.head, self.tokens, states, top)
         if self.gen is not None:
             shard["greedy"] = torch.tensor([-1] * (len(self.head) - 1) + self.greedy,
                                            dtype=torch.long)

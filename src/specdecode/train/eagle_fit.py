@@ -9,7 +9,8 @@ depth d entry p stands for the d-th chain step from anchor a = p - d: it reads
 x_{p+1} and depth d-1's output at p - 1, and attends to the depth-0 entries
 0..a and to the chain's own entries, depth j's at a + j (j = 1..d). Every
 entry p is scored by cross-entropy on x_{p+2} where that is an answer token
-(the target's greedy token: the one a draft must hit) and the anchor is in the
+(the target's greedy token: the one a draft must hit; with soft labels the
+target's distribution there, Shard.soft_targets) and the anchor is in the
 window; depth d weighted fit.DEPTH_DECAY**d. drafters/eagle.py `chain` runs
 exactly this with the drafted tokens (tests/test_eagle.py checks it). Anchors
 whose chain cannot reach an answer token (before first_anchor: the prompt tail)
@@ -82,7 +83,9 @@ class Shard:
     a run's thousands of windows), ids [T + 1] int64,
     answer_start, start (data.py); scale [LH] or None: what `features` multiplies
     aux by (scale_windows); greedy [T] int64 or None: a sampled answer's greedy
-    token at each row (data.BatchPlan.samples), its labels in place of ids."""
+    token at each row (data.BatchPlan.samples), its labels in place of ids;
+    top_ids / top_logp or None: the target's distribution at each row, its K most
+    likely ids (data.top_of), what soft labels are made of."""
 
     aux: torch.Tensor
     ids: torch.Tensor
@@ -90,6 +93,8 @@ class Shard:
     start: int
     scale: torch.Tensor | None = None
     greedy: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None  # [T, K] int32 (data.top_of; -1 unscored rows)
+    top_logp: torch.Tensor | None = None  # [T, K] float16
 
     def features(self) -> torch.Tensor:  # -> [T, LH] float32
         """What the head trains on: aux in float32, times scale when set."""
@@ -107,6 +112,21 @@ class Shard:
         ok = (nxt >= 0) & (p + 2 >= self.answer_start) & (p >= depth)
         return torch.where(ok, t2d[nxt.clamp(min=0)], -100)
 
+    def soft_targets(self, t2d: torch.Tensor, depth: int,  # t2d: [V] int64
+                     ) -> tuple[torch.Tensor, torch.Tensor]:  # -> ([T, K] int64, [T, K])
+        """Soft labels of each entry p of `depth`: the target's distribution over x_{p+2}
+        (its K most likely ids at row p + 1) as draft ids and float32 weights, renormalised
+        over the ids inside the draft vocabulary. Rows `labels` does not score weigh 0;
+        an id outside the draft vocabulary weighs 0 (its draft id reads 0)."""
+        t, k = self.top_ids.shape
+        ids = torch.full((t, k), -1, dtype=torch.long)
+        logp = torch.zeros(t, k)
+        ids[: max(0, t - 1)] = self.top_ids[1:t].long()
+        logp[: max(0, t - 1)] = self.top_logp[1:t].float()
+        draft = torch.where(ids >= 0, t2d[ids.clamp(min=0)], -100)
+        w = torch.where(draft >= 0, logp.exp(), 0.0) * (self.labels(t2d, depth) >= 0)[:, None]
+        return draft.clamp(min=0), w / w.sum(-1, keepdim=True).clamp(min=1e-30)
+
 
 def load_windows(paths: Sequence) -> list[Shard]:
     """The non-empty shards of data.answer_with_context files."""
@@ -116,7 +136,8 @@ def load_windows(paths: Sequence) -> list[Shard]:
         t = load_file(str(path))
         if t["aux"].shape[0] >= 2:
             out.append(Shard(t["aux"], t["ids"], int(t["answer_start"][0]),
-                             int(t["start"][0]), greedy=t.get("greedy")))
+                             int(t["start"][0]), greedy=t.get("greedy"),
+                             top_ids=t.get("top_ids"), top_logp=t.get("top_logp")))
     return out
 
 
@@ -146,10 +167,13 @@ def fold_scale(head: Eagle3Head, scale: torch.Tensor) -> None:  # scale: [LH]
 @dataclass
 class Sequences:
     """A set of windows for fit.fit: `sample` draws windows, `loss` and
-    `acceptance` are the module docstring's; depths: unrolled steps."""
+    `acceptance` are the module docstring's; depths: unrolled steps; soft: the loss
+    is the cross-entropy against the target's distribution (Shard.soft_targets) in
+    windows that hold it, instead of against its greedy token."""
 
     shards: list[Shard]
     depths: int
+    soft: bool = False
 
     def __len__(self) -> int:
         return len(self.shards)
@@ -166,7 +190,7 @@ class Sequences:
             shard = self.shards[int(torch.randint(len(self.shards), (1,), generator=gen))]
             picked.append(shard)
             rows += shard.aux.shape[0]
-        return Sequences(picked, self.depths)
+        return Sequences(picked, self.depths, self.soft)
 
     def loss(self, head: Eagle3Head, t2d: torch.Tensor) -> torch.Tensor:
         total, count = torch.zeros(()), 0
@@ -178,10 +202,21 @@ class Sequences:
                 labels = shard.labels(t2d, d)[first + d:]
                 n = int((labels >= 0).sum())
                 if n:
-                    total = total + DEPTH_DECAY ** d * torch.nn.functional.cross_entropy(
-                        rows.float(), labels, ignore_index=-100, reduction="sum")
+                    total = total + DEPTH_DECAY ** d * self._summed(shard, rows, labels, t2d, d,
+                                                                    first)
                     count += n if d == 0 else 0
         return total / max(1, count)
+
+    def _summed(self, shard: Shard, rows: torch.Tensor,  # [n, Vd] depth d's logits
+                labels: torch.Tensor,  # [n] int64 draft ids (-100: not scored)
+                t2d: torch.Tensor, d: int, first: int) -> torch.Tensor:
+        """The cross-entropy summed over depth d's scored rows: against the greedy
+        labels, or with `soft` against the target's distribution where it is held."""
+        if not self.soft or shard.top_ids is None:
+            return torch.nn.functional.cross_entropy(rows.float(), labels, ignore_index=-100,
+                                                     reduction="sum")
+        draft, w = (x[first + d:] for x in shard.soft_targets(t2d, d))
+        return -(w * torch.log_softmax(rows.float(), -1).gather(1, draft)).sum()
 
     @torch.no_grad()
     def chain_lengths(self, head: Eagle3Head) -> list[torch.Tensor]:

@@ -119,8 +119,9 @@ def teacher_forced(target, prompt_ids: Sequence[int], answer_ids: Sequence[int],
     """A window over a request and a given answer in one pass of the target: the
     tensors of data.answer_with_context (ids, aux, answer_start, start) with
     `greedy` [T] int64, the target's greedy token at each row (-1 on prompt rows
-    before the last). Empty (data's empty shard) when the two do not fit the
-    target's context, the prompt has under 2 tokens or the answer none."""
+    before the last), and its distribution there (top_ids / top_logp, data.top_of).
+    Empty (data's empty shard) when the two do not fit the target's context, the
+    prompt has under 2 tokens or the answer none."""
     prompt, answer, layers = list(prompt_ids), list(answer_ids), tuple(layers)
     ids = prompt + answer
     if len(ids) + 1 >= target.max_seq_len or len(prompt) < 2 or not answer:
@@ -130,11 +131,11 @@ def teacher_forced(target, prompt_ids: Sequence[int], answer_ids: Sequence[int],
                          hidden_all=True)
     s = max(0, len(prompt) - context)
     aux = torch.cat([out.hidden_states[i][s:-1].float() for i in layers], -1)  # [T, LH]
-    best = out.logits[:-1].argmax(-1)  # [A] rows of positions P-1 .. P+A-2
+    best = out.logits[:-1].argmax(-1).cpu()  # [A] rows of positions P-1 .. P+A-2
     greedy = torch.cat((torch.full((len(prompt) - 1 - s,), -1, dtype=torch.long), best))
     return {"ids": torch.tensor(ids[s:], dtype=torch.long), "aux": aux.half(),
             "answer_start": torch.tensor([len(prompt) - s]), "start": torch.tensor([s]),
-            "greedy": greedy}
+            "greedy": greedy, **data.pad_top(data.top_of(out.logits[:-1]), len(prompt) - 1 - s)}
 
 
 def collect(target, encode: Callable[[str], list[int]], encode_text: Callable[[str], list[int]],

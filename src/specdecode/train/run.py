@@ -49,6 +49,7 @@ class RunOptions:
     sample_temperature: float = 0.8  # the sampled answers' temperature
     self_prompts: int = 0  # prompts the target writes itself (self_prompts.py), answered greedily
     passages: int = 0  # eagle3: teacher-forced passages (passages.py), training only
+    soft_labels: bool = False  # eagle3: the loss against the target's distribution (eagle_fit)
 
 
 def prompt_set(n: int) -> list[str]:
@@ -127,6 +128,8 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
                "self_prompt_answers": len(_existing(extra_paths)),
                "passages": len(passage_paths), "passages_s": passages_s,
                "train_tokens": int(tokens), "train_windows": len(wt), "steps": result.steps,
+               "soft_label_windows": (sum(w.top_ids is not None for w in wt.shards)
+                                      if eagle else 0),
                "collect_s": collect_s, "train_s": result.seconds,
                "untrained_accept": untrained, "accept": result.curve[-1]["accept"],
                "tau": result.tau, "curve": result.curve, "options": vars(options)}
@@ -149,8 +152,8 @@ def _eagle_setup(trained_on: list[Path], val: list[Path], embed: torch.Tensor,  
     d2t = fit.draft_vocabulary(answers, options.draft_vocab, embed.shape[0], always=stop_ids)
     head = eagle_fit.new_head(embed, lm_head.float(), d2t, target_cfg, layers,
                               options.head_intermediate)
-    wt = eagle_fit.Sequences(train, options.depths)
-    wv = eagle_fit.Sequences(eagle_fit.load_windows(val), options.depths)
+    wt = eagle_fit.Sequences(train, options.depths, options.soft_labels)
+    wv = eagle_fit.Sequences(eagle_fit.load_windows(val), options.depths, options.soft_labels)
     scale = eagle_fit.input_scale(train)
     eagle_fit.scale_windows(wt.shards + wv.shards, scale)
     return head, wt, wv, scale, sum(len(a) for a, _ in answers)
