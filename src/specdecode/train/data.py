@@ -47,10 +47,10 @@ def top_of(logits: torch.Tensor,  # [n, V]
     return ids.int().cpu(), logp.half().cpu()
 
 
-def pad_top(top: tuple[torch.Tensor, torch.Tensor], rows: int,  # top: ([n, K], [n, K])
-            ) -> dict[str, torch.Tensor]:
-    """top_ids / top_logp with `rows` unscored rows first (id -1, log-prob 0)."""
-    ids, logp = top
+def pad_top(tops: Sequence[tuple[torch.Tensor, torch.Tensor]],  # top_of parts, rows in order
+            rows: int) -> dict[str, torch.Tensor]:
+    """top_ids / top_logp: `rows` unscored rows (id -1, log-prob 0), then the parts'."""
+    ids, logp = (torch.cat(part) for part in zip(*tops))
     return {"top_ids": torch.cat((torch.full((rows, ids.shape[1]), -1, dtype=ids.dtype), ids)),
             "top_logp": torch.cat((torch.zeros(rows, logp.shape[1], dtype=logp.dtype), logp))}
 
@@ -144,20 +144,19 @@ def answer_with_context(target, prompt_ids: Sequence[int], max_new_tokens: int,
     s = max(0, len(prompt) - context)
     head = torch.cat([out.hidden_states[i][s:].float() for i in layers], -1)  # [P - s, LH]
     tokens, states, tops = _greedy(target, out, max_new_tokens, set(stop_ids), layers)
-    return _context_shard(prompt, s, head, tokens, torch.stack(states),
-                          tuple(torch.cat(part) for part in zip(*tops)))
+    return _context_shard(prompt, s, head, tokens, torch.stack(states), tops)
 
 
 def _context_shard(prompt: list[int], s: int, head: torch.Tensor,  # [P - s, LH]
                    tokens: list[int], states: torch.Tensor,  # [n, LH]
-                   top: tuple[torch.Tensor, torch.Tensor],  # ([n, SOFT_K], [n, SOFT_K])
+                   tops: Sequence[tuple[torch.Tensor, torch.Tensor]],  # n x top_of [1, K]
                    ) -> dict[str, torch.Tensor]:
     """answer_with_context's tensors from the prompt states kept from position s and
     the answer's tokens with the states that scored them and their top_of."""
     aux = torch.cat((head[:-1], states))  # states of x_s .. x_{P+n-2}
     return {"ids": torch.tensor(prompt[s:] + tokens, dtype=torch.long), "aux": aux.half(),
             "answer_start": torch.tensor([len(prompt) - s]), "start": torch.tensor([s]),
-            **pad_top(top, len(head) - 1)}
+            **pad_top(tops, len(head) - 1)}
 
 
 def draw(logits: torch.Tensor, temperature: float,  # logits: [V]
@@ -216,8 +215,7 @@ class _Answer:
         if self.head is None:
             return {"tokens": torch.tensor(self.tokens, dtype=torch.long),
                     "hidden": states.half()}
-        top = tuple(torch.cat(part) for part in zip(*self.top))
-        shard = _context_shard(self.prompt, self.start, self.head, self.tokens, states, top)
+        shard = _context_shard(self.prompt, self.start, self.head, self.tokens, states, self.top)
         if self.gen is not None:
             shard["greedy"] = torch.tensor([-1] * (len(self.head) - 1) + self.greedy,
                                            dtype=torch.long)

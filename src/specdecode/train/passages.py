@@ -135,7 +135,7 @@ def teacher_forced(target, prompt_ids: Sequence[int], answer_ids: Sequence[int],
     greedy = torch.cat((torch.full((len(prompt) - 1 - s,), -1, dtype=torch.long), best))
     return {"ids": torch.tensor(ids[s:], dtype=torch.long), "aux": aux.half(),
             "answer_start": torch.tensor([len(prompt) - s]), "start": torch.tensor([s]),
-            "greedy": greedy, **data.pad_top(data.top_of(out.logits[:-1]), len(prompt) - 1 - s)}
+            "greedy": greedy, **data.pad_top([data.top_of(out.logits[:-1])], len(prompt) - 1 - s)}
 
 
 def collect(target, encode: Callable[[str], list[int]], encode_text: Callable[[str], list[int]],
