@@ -39,13 +39,21 @@ def test_default_layers():
     assert Eagle3Config.default_layers(2) == (0, 1)
 
 
-def test_ttt_mask():
-    m = eagle_fit.ttt_mask(4, 2)  # depth 2: depth-0 keys <= a, depth-1 key at a, self
+def test_unroll_mask():
+    m = eagle_fit.Layout.of([(4, 0, 0)], 3).mask(2)  # depth 2: depth-0 keys <= a, depth 1 at a
     assert m.shape == (2, 4 + 3 + 2)  # anchors 0, 1; keys of depth 0, 1 (anchors 0..2), 2
     assert m[1].tolist() == [True, True, False, False, False, True, False, False, True]
-    m = eagle_fit.ttt_mask(6, 1, first=3)  # anchors 3, 4: depth 1's keys from anchor 3 on
+    m = eagle_fit.Layout.of([(6, 0, 3)], 2).mask(1)  # anchors 3, 4: depth 1's from anchor 3 on
     assert m.tolist() == [[True] * 4 + [False] * 2 + [True, False],
                           [True] * 5 + [False] + [False, True]]
+    two = eagle_fit.Layout.of([(3, 0, 0), (2, 5, 1)], 2)  # the second: rows 3, 4, anchor 1
+    assert [a.tolist() for a in two.anchors] == [[0, 1, 2, 4], [0, 1]]
+    assert two.positions.tolist() == [0, 1, 2, 5, 6]
+    assert two.mask(0).tolist() == [[True, False, False, False, False],
+                                    [True, True, False, False, False],
+                                    [True, True, True, False, False],
+                                    [False, False, False, True, True]]  # not window 0's
+    assert two.mask(1)[1].tolist() == [True, True, False, False, False, False, True]
     assert eagle_fit.first_anchor(10, 4) == 5 and eagle_fit.first_anchor(3, 4) == 0
 
 
@@ -118,6 +126,43 @@ def test_loss_and_acceptance_leave_out_only_unscored_anchors():
             ref.append(n)
         assert min(ref) >= 1
         assert seqs.chain_lengths(head)[0].tolist() == ref
+
+
+def test_windows_unrolled_together_are_the_windows_unrolled_apart():
+    """packed_logits of windows of different lengths, starts and first anchors (one
+    too short for the deeper steps) is each window's unrolled_logits, in order; the
+    batch's loss, soft labels in one window only, is the windows' losses weighted
+    by their scored entries (gradients too)."""
+    from specdecode.train.fit import target_to_draft
+    target = tiny(7)
+    head = eagle_for(target, 40)
+    t2d = target_to_draft(head.draft_ids, head.config.target_vocab_size)
+    torch.manual_seed(5)
+    width = head.fc.in_features
+    shards = [eagle_fit.Shard(torch.randn(t, width), torch.randint(0, 50, (t + 1,)), a, s)
+              for t, a, s in ((16, 9, 4), (3, 1, 0), (11, 2, 30))]
+    shards[2].top_ids = torch.randint(0, 50, (11, 4)).int()
+    shards[2].top_logp = torch.log_softmax(torch.randn(11, 4), -1).half()
+    windows = [(s.features(), s.ids, s.start, eagle_fit.first_anchor(s.answer_start, 4))
+               for s in shards]
+    with torch.no_grad():
+        together = eagle_fit.packed_logits(head, windows, 4)
+        apart = [eagle_fit.unrolled_logits(head, f, i, s, 4, first) for f, i, s, first in windows]
+        assert [len(x) for x in apart[1]] == [3, 2, 1]  # no depth-3 step in a 3-row window
+        for d, rows in enumerate(together):
+            assert torch.allclose(rows, torch.cat([a[d] for a in apart if d < len(a)]),
+                                  atol=1e-4), d
+    want, count = torch.zeros(()), 0
+    for s in shards:
+        n = int((s.labels(t2d, 0) >= 0).sum())
+        want, count = want + n * eagle_fit.Sequences([s], 4, soft=True).loss(head, t2d), count + n
+    (want / count).backward()
+    grad = head.fc.weight.grad.clone()
+    head.zero_grad()
+    got = eagle_fit.Sequences(shards, 4, soft=True).loss(head, t2d)
+    got.backward()
+    assert torch.allclose(got, want / count, atol=1e-5)
+    assert torch.allclose(head.fc.weight.grad, grad, atol=1e-5)
 
 
 @pytest.mark.parametrize("k", [1, 2, 4])

@@ -16,6 +16,9 @@ exactly this with the drafted tokens (tests/test_eagle.py checks it). Anchors
 whose chain cannot reach an answer token (before first_anchor: the prompt tail)
 get no query and no deeper step; their depth-0 keys and values are still the
 context (a step 1.36x faster with 128-row prompt tails: bench/train_step.py).
+A batch's windows are unrolled together (packed_logits: one pass per depth over
+all of them, attention kept inside each window, the lm_head once), the same
+numbers as each window apart in fewer, larger matrix products.
 
 Validation: greedy chain acceptance per depth from every anchor whose first
 drafted token is an answer token (a missing label counts as a miss), and
@@ -33,15 +36,44 @@ from specdecode.drafters.eagle import Eagle3Config, Eagle3Head
 from specdecode.train.fit import DEPTH_DECAY
 
 
-def ttt_mask(t: int, depth: int, first: int = 0) -> torch.Tensor:  # -> [n, keys] bool
-    """Which keys the entries of `depth` attend to, one row per anchor a = first ..
-    t - 1 - depth (entry p = a + depth): depth 0's t keys 0..a, then for j = 1..depth
-    depth j's keys (one per anchor from `first`, t - first - j of them) at anchor a
-    (itself last)."""
-    a = torch.arange(first, t - depth)[:, None]
-    blocks = [torch.arange(t)[None, :] <= a]
-    blocks += [torch.arange(first, t - j)[None, :] == a for j in range(1, depth + 1)]
-    return torch.cat(blocks, 1)
+@dataclass(frozen=True)
+class Layout:
+    """Windows' rows laid end to end for one unroll (packed_logits). window / row:
+    [R] int64, each row's window and its row in it; positions: [R] int64, the
+    rows' positions in their conversations; anchors: per depth d, [N_d] int64 the
+    rows (of this layout) of the anchors that get a depth-d step, in order: a
+    window's from its `first` to t - 1 - d."""
+
+    window: torch.Tensor
+    row: torch.Tensor
+    positions: torch.Tensor
+    anchors: list[torch.Tensor]
+
+    @classmethod
+    def of(cls, windows: Sequence[tuple[int, int, int]], depths: int) -> Layout:
+        """windows: (rows t, start, first anchor) each; anchors for depths 0 ..
+        depths - 1, stopping at the first depth no window reaches."""
+        ts = [t for t, _, _ in windows]
+        offsets = [sum(ts[:i]) for i in range(len(ts))]
+        anchors = []
+        for d in range(depths):
+            rows = [torch.arange(o + f, o + t - d) for o, (t, _, f) in zip(offsets, windows)
+                    if t - d > f]
+            if not rows:
+                break
+            anchors.append(torch.cat(rows))
+        return cls(torch.cat([torch.full((t,), i) for i, t in enumerate(ts)]),
+                   torch.cat([torch.arange(t) for t in ts]),
+                   torch.cat([torch.arange(s, s + t) for t, s, _ in windows]), anchors)
+
+    def mask(self, depth: int) -> torch.Tensor:  # -> [N_depth, R + N_1 + .. + N_depth] bool
+        """Which keys depth `depth`'s entries attend to, one row per anchor a: the
+        depth-0 keys of a's window up to a, then for j = 1..depth depth j's key at
+        a (itself last)."""
+        a = self.anchors[depth][:, None]
+        blocks = [(self.window[None, :] == self.window[a]) & (torch.arange(len(self.row)) <= a)]
+        blocks += [self.anchors[j][None, :] == a for j in range(1, depth + 1)]
+        return torch.cat(blocks, 1)
 
 
 def first_anchor(answer_start: int, depths: int) -> int:
@@ -50,31 +82,42 @@ def first_anchor(answer_start: int, depths: int) -> int:
     return max(0, answer_start - depths - 1)
 
 
+def packed_logits(head: Eagle3Head,
+                  windows: Sequence[tuple[torch.Tensor, torch.Tensor, int, int]],
+                  depths: int) -> list[torch.Tensor]:  # depth d: [N_d, Vd]
+    """Each depth's logits per anchor of several windows unrolled together (one
+    pass per depth, the lm_head once): windows are (aux [T, len(aux_layers) * H],
+    ids [T + 1] int64 x_s .. x_{s+T}, start s, first anchor); row i of depth d is
+    Layout.anchors[d][i]'s chain step d (entry p = a + d, scoring x_{s+p+2}). The
+    same numbers as unrolled_logits per window: attention never crosses windows
+    (Layout.mask). Depth 0 runs the layer's keys and values over every row (the
+    context), deeper steps and the lm_head only over the anchors kept."""
+    layer = head.layer
+    lay = Layout.of([(len(aux), s, f) for aux, _, s, f in windows], depths)
+    e = head.embed_of(torch.cat([ids[1:] for _, ids, _, _ in windows]))
+    g = head.fuse(torch.cat([aux for aux, _, _, _ in windows]))
+    keys, values, outs = [], [], []
+    for d, anchors in enumerate(lay.anchors):
+        if d == 0:  # keys and values of every row, queries of the anchors kept
+            q, k, v = layer.qkv(e, g, lay.positions)
+            q, g = q[:, anchors], g[anchors]
+        else:  # depth d at anchor a reads depth d-1's output at a
+            g = outs[-1][torch.searchsorted(lay.anchors[d - 1], anchors)]
+            q, k, v = layer.qkv(e[anchors + d], g, lay.positions[anchors + d])
+        keys.append(k)
+        values.append(v)
+        outs.append(layer.finish(g, layer.self_attn.attend(
+            q, torch.cat(keys, 1), torch.cat(values, 1), lay.mask(d))))
+    return list(head.logits(torch.cat(outs)).split([len(o) for o in outs]))
+
+
 def unrolled_logits(head: Eagle3Head, aux: torch.Tensor,  # [T, len(aux_layers) * H]
                     ids: torch.Tensor,  # [T + 1] int64 x_s .. x_{s+T}
                     start: int, depths: int, first: int = 0,
                     ) -> list[torch.Tensor]:  # depth d < T - first: [T - first - d, Vd]
-    """Each depth's logits per anchor from `first` on: row i of depth d is chain step
-    d from anchor a = first + i (entry p = a + d, scoring x_{s+p+2}). Depth 0 runs
-    the layer over every row (its keys are the context); deeper steps and the
-    lm_head only over the anchors kept (first_anchor: the ones a loss can score)."""
-    t, layer = aux.shape[0], head.layer
-    positions = torch.arange(start, start + t)
-    e, g = head.embed_of(ids[1:]), head.fuse(aux)
-    keys, values, out = [], [], []
-    for d in range(min(depths, t - first)):  # (a short window has no anchor that deep)
-        if d == 0:  # keys and values of every row, queries of the anchors kept
-            q, k, v = layer.qkv(e, g, positions)
-            q, g = q[:, first:], g[first:]
-        else:
-            q, k, v = layer.qkv(e[first + d:], g, positions[first + d:])
-        keys.append(k)
-        values.append(v)
-        o = layer.finish(g, layer.self_attn.attend(
-            q, torch.cat(keys, 1), torch.cat(values, 1), ttt_mask(t, d, first)))
-        out.append(head.logits(o))
-        g = o[:-1]  # depth d+1 at anchor a reads depth d's output at a
-    return out
+    """packed_logits of one window: row i of depth d is chain step d from anchor
+    a = first + i."""
+    return packed_logits(head, [(aux, ids, start, first)], depths)
 
 
 @dataclass
@@ -193,30 +236,36 @@ class Sequences:
         return Sequences(picked, self.depths, self.soft)
 
     def loss(self, head: Eagle3Head, t2d: torch.Tensor) -> torch.Tensor:
+        """The unrolled loss of these windows, unrolled together (packed_logits): depth
+        d's cross-entropy summed over its scored entries, weighted DEPTH_DECAY**d,
+        over the number of depth-0 entries scored."""
+        firsts = [first_anchor(s.answer_start, self.depths) for s in self.shards]
+        logits = packed_logits(head, [(s.features(), s.ids, s.start, f)
+                                      for s, f in zip(self.shards, firsts)], self.depths)
         total, count = torch.zeros(()), 0
-        for shard in self.shards:
-            first = first_anchor(shard.answer_start, self.depths)
-            logits = unrolled_logits(head, shard.features(), shard.ids, shard.start,
-                                     self.depths, first)
-            for d, rows in enumerate(logits):
-                labels = shard.labels(t2d, d)[first + d:]
-                n = int((labels >= 0).sum())
-                if n:
-                    total = total + DEPTH_DECAY ** d * self._summed(shard, rows, labels, t2d, d,
-                                                                    first)
-                    count += n if d == 0 else 0
+        for d, rows in enumerate(logits):
+            parts = [self._targets(s, t2d, d, f) for s, f in zip(self.shards, firsts)]
+            width = max(ids.shape[1] for ids, _, _ in parts)
+            draft = torch.cat([_pad(ids, width) for ids, _, _ in parts])
+            weight = torch.cat([_pad(w, width) for _, w, _ in parts])
+            logp = torch.log_softmax(rows.float(), -1).gather(1, draft)
+            total = total - DEPTH_DECAY ** d * (weight * logp).sum()
+            count += sum(n for _, _, n in parts) if d == 0 else 0
         return total / max(1, count)
 
-    def _summed(self, shard: Shard, rows: torch.Tensor,  # [n, Vd] depth d's logits
-                labels: torch.Tensor,  # [n] int64 draft ids (-100: not scored)
-                t2d: torch.Tensor, d: int, first: int) -> torch.Tensor:
-        """The cross-entropy summed over depth d's scored rows: against the greedy
-        labels, or with `soft` against the target's distribution where it is held."""
-        if not self.soft or shard.top_ids is None:
-            return torch.nn.functional.cross_entropy(rows.float(), labels, ignore_index=-100,
-                                                     reduction="sum")
-        draft, w = (x[first + d:] for x in shard.soft_targets(t2d, d))
-        return -(w * torch.log_softmax(rows.float(), -1).gather(1, draft)).sum()
+    def _targets(self, shard: Shard, t2d: torch.Tensor, d: int, first: int,
+                 ) -> tuple[torch.Tensor, torch.Tensor, int]:  # ([n, K] int64, [n, K], n)
+        """What depth d's entries of `shard` (its anchors from `first`) are scored
+        against: draft ids and weights (the greedy label with weight 1, or with
+        `soft` the target's distribution where the window holds it; unscored rows
+        weigh 0), and how many entries are scored."""
+        labels = shard.labels(t2d, d)[first + d:]
+        scored = labels >= 0
+        if self.soft and shard.top_ids is not None:
+            draft, w = (x[first + d:] for x in shard.soft_targets(t2d, d))
+        else:
+            draft, w = labels.clamp(min=0)[:, None], scored.float()[:, None]
+        return draft, w, int(scored.sum())
 
     @torch.no_grad()
     def chain_lengths(self, head: Eagle3Head) -> list[torch.Tensor]:
@@ -246,6 +295,11 @@ class Sequences:
         lengths = torch.cat(self.chain_lengths(head))
         return [float((lengths > d).float().mean()) if len(lengths) else 0.0
                 for d in range(self.depths)]
+
+
+def _pad(x: torch.Tensor, width: int) -> torch.Tensor:  # [n, K] -> [n, width]
+    """x with zero columns appended up to `width` (id 0 with weight 0: no term)."""
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]))
 
 
 def walked_tau(lengths: Sequence[torch.Tensor], k: int) -> float:  # lengths: per shard [anchors]
