@@ -160,3 +160,23 @@ def test_agent_trajectories_reuse_their_earlier_turns(tmp_path):
     assert suffix.store.stats()["texts"] == 1  # three turns of one conversation: one text
     paths = report.write(result, tmp_path / "agent", plot=False)
     assert "## Per turn (multi-turn workloads)" in paths["markdown"].read_text()
+
+
+def test_a_head_row_beside_the_draft_model_reports_the_heads_memory(tmp_path):
+    """bench with eagle3 and draft-model rows: the plan holds the draft model and the
+    head (its files, its KV cache) and the measured memory the head's own tensors,
+    the target's embedding table it reads left out."""
+    import real
+    from test_eagle import eagle_for
+    target = real.load("smollm2-135m").model
+    head = eagle_for(target, 512).save(tmp_path / "head")
+    options = _options(tmp_path, drafters=["draft-model", "eagle3"], draft_k=[2], ngram_k=[],
+                       temperatures=[0.0], head=str(head), backend="torch")
+    models = load_models(options)
+    parts = models.memory_plan["parts"]
+    assert parts["draft weights"] > 100e6
+    assert parts["head weights"] == sum(f.stat().st_size for f in head.iterdir())
+    assert parts[f"head KV cache ({models.memory_plan['context']} tokens)"] > 0
+    fresh = eagle_for(target, 512)
+    own = sum(t.numel() * t.element_size() for t in [*fresh.parameters(), *fresh.buffers()])
+    assert models.memory["head"] == own  # float32 as saved; the target's embedding not in it

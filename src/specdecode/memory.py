@@ -88,6 +88,10 @@ class MemoryPlan:
     def fits(self) -> bool:
         return self.available is None or self.total <= self.available
 
+    def with_parts(self, extra: list[Part]) -> MemoryPlan:
+        """This plan with `extra` parts held beside it (names kept as given)."""
+        return MemoryPlan(self.parts + tuple(extra), self.available, self.device, self.context)
+
     def plus(self, other: MemoryPlan, label: str) -> MemoryPlan:
         """Both loads held at once (other's parts named "label: ...", its process part
         left out: one process); available: this plan's."""
@@ -145,11 +149,7 @@ def plan_memory(plan) -> MemoryPlan:
                              int8=plan.draft_quant == "int8")
         copied += [draft[0].bytes] if plan.draft.backend == "torch" else []
         parts += draft
-    if {"hidden-head", "eagle3"} & set(plan.drafters) and spec.head is not None:
-        parts.append(Part("head weights", files_bytes(Path(spec.head)), "draft weights"))
-        if "eagle3" in plan.drafters:
-            parts.append(Part(f"head KV cache ({context} tokens)",
-                              _head_cache_bytes(Path(spec.head), context, spec), "kv"))
+    parts += head_parts(plan, context)
     parts.append(_activations(plan.target.backend, target_cfg, spec, context, plan.k,
                               drafted=plan.draft is not None))
     if copied and str(spec.device).startswith("cpu"):
@@ -157,6 +157,19 @@ def plan_memory(plan) -> MemoryPlan:
                           "weights"))
     parts.append(Part("process now", resident_bytes(), "process"))
     return MemoryPlan(tuple(parts), _available(spec.device), str(spec.device), context)
+
+
+def head_parts(plan, context: int) -> list[Part]:
+    """A resolved plan's trained head (hidden-head, eagle3: spec.head): its files, and
+    an eagle3 head's KV cache at `context` tokens; none for a plan without one."""
+    spec = plan.spec
+    if not ({"hidden-head", "eagle3"} & set(plan.drafters)) or spec.head is None:
+        return []
+    parts = [Part("head weights", files_bytes(Path(spec.head)), "draft weights")]
+    if "eagle3" in plan.drafters:
+        parts.append(Part(f"head KV cache ({context} tokens)",
+                          _head_cache_bytes(Path(spec.head), context, spec), "kv"))
+    return parts
 
 
 def _context(spec: LoadSpec, cfg) -> int:

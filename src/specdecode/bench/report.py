@@ -3,10 +3,11 @@
 JSON schema ("schema": "specdecode.bench/1"):
 - date, machine {cpu, cores, threads, torch, python, dtype, device, backend},
   options (the BenchOptions used), configs (labels in run order),
-  memory {target, draft, hf_target, hf_draft, peak_rss, predicted_peak_rss} in
+  memory {target, draft, head, hf_target, hf_draft, peak_rss, predicted_peak_rss} in
   bytes (peak_rss: VmHWM of this process; predicted: memory.py's plan, whose
-  parts are in memory_plan; torch models:
-  weights + buffers + the static KV cache), notes (peers skipped and why);
+  parts are in memory_plan, a trained head's weights and KV cache included;
+  torch models: weights + buffers + the static KV cache; head: a trained head's
+  own tensors, the target's embedding it reads left out), notes (peers skipped and why);
 - summary: one object per (workload, temperature, config), fields in
   specdecode.bench.summary's docstring;
 - runs: one object per timed run: workload, prompt, temperature, repeat,

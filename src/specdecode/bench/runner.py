@@ -22,7 +22,7 @@ from specdecode.bench import hf_peer, workloads
 from specdecode.bench.load import busy_load
 from specdecode.bench.summary import margin_at_divergence, summarise, summarise_turns
 from specdecode.llm import LLM, LoadedModels, load_plan
-from specdecode.memory import memory_plan, peak_resident_bytes, plan_memory
+from specdecode.memory import head_parts, memory_plan, peak_resident_bytes, plan_memory
 from specdecode.options import LoadSpec
 from specdecode.plan import LOOKUPS, Facts, Plan, draft_model, resolve
 from specdecode.sampling import SamplingParams
@@ -130,15 +130,30 @@ def forget(llm: LLM) -> None:
 
 def tensor_bytes(model) -> int:
     """Bytes of a torch model's weights, buffers and KV cache (shared tensors once)."""
-    seen, total = set(), 0
+    return sum(_storages(model).values())
+
+
+def _storages(model) -> dict[tuple[int, int], int]:
+    """A torch model's tensor storages (weights, buffers, KV cache): bytes by storage."""
     tensors = [*model.parameters(), *model.buffers(), *getattr(model, "k_cache", []),
                *getattr(model, "v_cache", [])]
-    for t in tensors:
-        key = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
-        if key not in seen:
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
-    return total
+    return {(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()):
+            t.untyped_storage().nbytes() for t in tensors}
+
+
+def head_bytes(llms: dict[str, LLM], target) -> int | None:
+    """Resident bytes of a trained head's own tensors (drafters with a `head` module:
+    eagle3, hidden-head), the target's tensors it reads (the embedding table) left
+    out; None without such a drafter or for a target that is not a torch module."""
+    if not isinstance(target, torch.nn.Module):
+        return None
+    shared = _storages(target)
+    for llm in llms.values():
+        for drafter in llm.decoder.drafters:
+            head = getattr(drafter, "head", None)
+            if isinstance(head, torch.nn.Module):
+                return sum(n for key, n in _storages(head).items() if key not in shared)
+    return None
 
 
 def specdecode_configs(options: BenchOptions, has_draft: bool) -> list[Config]:
@@ -168,6 +183,9 @@ def load_models(options: BenchOptions) -> Models:
              for c in specdecode_configs(options, has_draft) if c.method != "auto"}
     biggest = max(plans.values(), key=lambda p: p.draft is not None)
     predicted = plan_memory(biggest)
+    if not head_parts(biggest, predicted.context):  # a head row beside the draft model's
+        heads = (head_parts(p, predicted.context) for p in plans.values())
+        predicted = predicted.with_parts(next((h for h in heads if h), []))
     predicted.check()
     loaded = load_plan(biggest)
     memory = {"target": model_bytes(loaded.target.model, loaded.files[0])}
@@ -178,6 +196,9 @@ def load_models(options: BenchOptions) -> Models:
         auto = Config("specdecode", "auto").spec(base)
         predicted = predicted.plus(memory_plan(auto, facts), "auto")
         llms[Config("specdecode", "auto").label] = LLM.from_spec(auto, facts)
+    head = head_bytes(llms, loaded.target.model)
+    if head is not None:
+        memory["head"] = head
     return Models(llms, loaded.files[0], loaded.files[1], memory, predicted.to_dict())
 
 

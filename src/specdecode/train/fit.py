@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdecode.drafters.hidden_head import HeadConfig, HiddenStateHead
+from specdecode.train.heap import HeapGuard
 
 DEPTH_DECAY = 0.8
 
@@ -171,7 +172,7 @@ def fit(head, train, val, *, steps: int, batch: int = 256, lr: float = 1e-3,
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, plan.total) / max(1, plan.total))))
     gen, result = torch.Generator().manual_seed(seed), TrainResult()
-    step, seen = 0, 0
+    step, seen, heap = 0, 0, HeapGuard()
     head.train()
     while step < plan.total:
         step += 1
@@ -185,11 +186,15 @@ def fit(head, train, val, *, steps: int, batch: int = 256, lr: float = 1e-3,
         opt.step()
         sched.step()
         seen += sample.answer_tokens
+        last_loss = loss.item()
+        del loss, sample
+        heap.after_step()  # the step's tensors are freed now (train/heap.py)
         plan.after(step)
         if on_step:
             on_step(step, plan.total, seen)
         if plan.eval_due(step):
-            result.curve.append(_evaluate(head, val, step, seen, loss.item(), batch))
+            result.curve.append(_evaluate(head, val, step, seen, last_loss, batch))
+            heap.after_step()
             if report:
                 report(result.curve[-1])
     head.eval()

@@ -20,6 +20,7 @@ import torch
 from specdecode.drafters.eagle import Eagle3Config
 from specdecode.models.base import FINAL_LAYER
 from specdecode.train import data, eagle_fit, fit, passages, self_prompts
+from specdecode.train.heap import release_freed
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,9 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
                               folder.with_name(f"{folder.name}-passages-a{options.max_new_tokens}"),
                               layers, options, progress)
     passages_s = time.perf_counter() - start - collect_s
+    release_freed()  # the collection's batches (train/heap.py)
     trained_on = _existing(paths[:-n_val]) + _existing(extra_paths) + passage_paths
+    check_memory(trained_on + _existing(paths[-n_val:]), embed.shape[1], options)
     if eagle:
         head, wt, wv, scale, tokens = _eagle_setup(trained_on, paths[-n_val:], embed, lm_head,
                                                    stop_ids, target.config, layers, options)
@@ -136,6 +139,37 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     plot_curve(result.curve, out / "curve.png")
     return summary
+
+
+# Beside the shards: the head's weights, gradients and Adam's two moments (4x the
+# head) and the kernels' buffers: on the default target's data the training loop
+# levelled off ~2.1 GB above the data and the target with a 0.32 GB head
+# (train/heap.py).
+TRAINING_OVERHEAD = 1 << 30
+
+
+def check_memory(paths: Sequence[Path], hidden: int, options: RunOptions) -> None:
+    """ValueError (before anything is loaded) when the shards, held in memory while
+    training (about their files' size), and the training state do not fit in the
+    memory available now (limits.available_bytes; the target is loaded already):
+    an error naming what lowers it, where loading them would end in the kernel
+    killing the run."""
+    from specdecode import limits
+
+    available = limits.available_bytes()
+    if available is None:
+        return
+    data_bytes = sum(p.stat().st_size for p in paths)
+    width = (options.head_intermediate or 3 * hidden) if options.drafter == "eagle3" else hidden
+    head_bytes = 4 * (options.draft_vocab * hidden + 8 * hidden * hidden + 3 * hidden * width)
+    need = data_bytes + 4 * head_bytes + TRAINING_OVERHEAD
+    if need > available:
+        raise ValueError(
+            f"training needs about {need / limits.GB:.1f} GB (its {len(paths)} shards "
+            f"{data_bytes / limits.GB:.1f} GB, the head's training state "
+            f"{(4 * head_bytes + TRAINING_OVERHEAD) / limits.GB:.1f} GB) but "
+            f"{available / limits.GB:.1f} GB is available: fewer --prompts, --passages, "
+            f"--self-prompts or --answers-per-prompt, or a shorter --max-new-tokens")
 
 
 def _eagle_setup(trained_on: list[Path], val: list[Path], embed: torch.Tensor,  # [V, H]
