@@ -7,9 +7,9 @@ training process by ~300 MB a step at first, until the kernel killed it at
 24 GB after ~2,700 steps (a run of v8's command). glibc's malloc_trim after
 every step held a loop over the same data ~2.1 GB above the data and the
 target (the optimiser's state, kernels' caches) against +4.8 GB and rising
-after 40 steps without, but a whole run trimmed every step spent 26 % of its
-time in the kernel and took 2.17 s a step against ~1.5 s (pages handed back
-and faulted in again each step; the killed run had no trim). HeapGuard trims
+after 40 steps without, but a whole run trimmed every step used 23.6 minutes
+of kernel CPU time in 89.5 (the killed run, untrimmed: 8.4 in 85) and took
+2.17 s a step against ~1.5 s (pages handed back and faulted in again). HeapGuard trims
 only when the process has grown by `slack` since the last trim: over the first
 40 steps of that loop (the fast-growing ones) it trimmed 10 times, held the
 same +2.2 GB, and took 71-81 s against 82-86 s trimming every step (two
