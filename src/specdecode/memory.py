@@ -261,6 +261,11 @@ def resident_bytes() -> int:
     return _proc_status("VmRSS")
 
 
+def anon_resident_bytes() -> int:
+    """This process's anonymous resident memory now (RssAnon; 0 where /proc lacks it)."""
+    return _proc_status("RssAnon")
+
+
 def peak_resident_bytes() -> int:
     """This process's peak resident set so far (VmHWM, else getrusage's ru_maxrss)."""
     peak = _proc_status("VmHWM")

@@ -18,12 +18,12 @@ rounds each, alternating). Over a whole run it was not measured yet.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import functools
 import sys
-from pathlib import Path
+
+from specdecode.memory import anon_resident_bytes
 
 
 @functools.cache
@@ -46,14 +46,6 @@ def release_freed() -> bool:
         return False
     trim(0)
     return True
-
-
-def anon_resident_bytes() -> int:
-    """This process's anonymous resident memory (RssAnon; 0 where /proc lacks it)."""
-    with contextlib.suppress(OSError, ValueError, StopIteration):
-        lines = Path("/proc/self/status").read_text().splitlines()
-        return int(next(x for x in lines if x.startswith("RssAnon:")).split()[1]) * 1024
-    return 0
 
 
 class HeapGuard:
