@@ -126,12 +126,12 @@ class NgramModRule:
         pass
 
 
-def shipped_controller(curve: CostModel, lookup) -> Controller:
+def shipped_controller(curve: CostModel, lookups: list) -> Controller:
     """The free-lookup side of the shipped default (llm.make_controller) with the
-    `lookup` drafter (n-gram or suffix), deciding on the run's curve alone
+    `lookups` drafters (n-gram, suffix or both), deciding on the run's curve alone
     (online=False: a replay has no clock): per-kind acceptance, exploration off,
     estimates carried between the texts replayed in order."""
-    slots = make_controller(curve, lookup, None).slots
+    slots = make_controller(curve, lookups, None).slots
     return Controller(slots, curve, online=False)
 
 
@@ -176,8 +176,8 @@ def main() -> int:
         key = (r["workload"], r.get("temperature", 0), r["prompt"], tuple(r["tokens"]))
         texts.setdefault(key, []).append(r.get("config") or r["mode"])
     free = CostModel(curve.verify, 0.0)
-    controller = shipped_controller(free, NgramDrafter(max_n=args.ngram_max))
-    suffix = shipped_controller(free, SuffixDrafter(SuffixStore())) if args.suffix else None
+    controller = shipped_controller(free, [NgramDrafter(max_n=args.ngram_max)])
+    suffix = shipped_controller(free, [SuffixDrafter(SuffixStore())]) if args.suffix else None
     rows: dict[tuple, list] = {}
     for (workload, temp, name, text), configs in texts.items():
         prompt = prompts[name].ids(tok)
