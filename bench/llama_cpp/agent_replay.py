@@ -42,13 +42,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from replay import NgramModRule, RecordedLM, shipped_controller  # noqa: E402
+from replay import NgramModRule, replay_cost, shipped_controller  # noqa: E402
 
 from specdecode.bench import workloads  # noqa: E402
 from specdecode.drafters import NgramDrafter  # noqa: E402
 from specdecode.drafters.base import DraftContext, Drafter  # noqa: E402
 from specdecode.drafters.suffix import SuffixDrafter, SuffixStore  # noqa: E402
-from specdecode.engine import SpeculativeDecoder  # noqa: E402
 from specdecode.models import loading, registry  # noqa: E402
 from specdecode.plan import DRAFTERS  # noqa: E402
 from specdecode.plan import NGRAM_MAX as PLAN_NGRAM_MAX  # noqa: E402
@@ -159,13 +158,11 @@ def _cost(text: Text, policy: str, curve: CostModel, controller, lookups: list[D
         return fewest_steps(n, curve, [K] * n)
     if policy == "hindsight":
         return fewest_steps(n, curve, accepted_drafts(lookups, text.prompt, text.output))
-    target = RecordedLM(text.prompt + text.output, vocab, eos)
-    decoder = (SpeculativeDecoder(target, k=K, controller=controller) if controller else
-               SpeculativeDecoder(target, NgramModRule(), NgramModRule().n_max))
-    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-    if decoder.generate(text.prompt, params).token_ids != text.output:
-        raise AssertionError("the replay must reproduce the recorded text")
-    return sum(curve.c(b) for b in target.passes)
+    if controller is not None:
+        return replay_cost(text.prompt, text.output, None, None, curve, K, vocab, eos,
+                           controller)
+    rule = NgramModRule()
+    return replay_cost(text.prompt, text.output, rule, None, curve, rule.n_max, vocab, eos)
 
 
 def table(texts: list[Text], curves: list[str], vocab: int, eos: tuple[int, ...]

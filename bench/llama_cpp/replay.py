@@ -31,6 +31,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -38,7 +39,7 @@ import torch
 from specdecode.bench import workloads
 from specdecode.controller import Controller
 from specdecode.drafters import NgramDrafter
-from specdecode.drafters.base import Draft
+from specdecode.drafters.base import Draft, Drafter
 from specdecode.drafters.suffix import SuffixDrafter, SuffixStore
 from specdecode.engine import SpeculativeDecoder
 from specdecode.llm import make_controller
@@ -126,7 +127,7 @@ class NgramModRule:
         pass
 
 
-def shipped_controller(curve: CostModel, lookups: list) -> Controller:
+def shipped_controller(curve: CostModel, lookups: Sequence[Drafter]) -> Controller:
     """The free-lookup side of the shipped default (llm.make_controller) with the
     `lookups` drafters (n-gram, suffix or both), deciding on the run's curve alone
     (online=False: a replay has no clock): per-kind acceptance, exploration off,
@@ -141,6 +142,15 @@ def predicted_speedup(prompt: list[int], output: list[int], drafter, costs: Cost
     """Tokens per plain-step cost when `drafter` (with a length policy if costs is
     given; or the `controller`'s drafters) speculates on a target that emits
     `output` after `prompt`."""
+    return len(output) / replay_cost(prompt, output, drafter, costs, curve, k, vocab, eos,
+                                     controller)
+
+
+def replay_cost(prompt: list[int], output: list[int], drafter, costs: CostModel | None,
+                curve: CostModel, k: int, vocab: int, eos: tuple[int, ...],
+                controller: Controller | None = None) -> float:
+    """Plain steps (the passes priced by `curve`) that predicted_speedup's replay spends
+    emitting `output`; AssertionError if the replay does not reproduce it."""
     target = RecordedLM(prompt + output, vocab, eos)
     policy = LengthPolicy(costs) if costs is not None else None
     decoder = (SpeculativeDecoder(target, k=k, controller=controller) if controller else
@@ -148,7 +158,7 @@ def predicted_speedup(prompt: list[int], output: list[int], drafter, costs: Cost
     params = SamplingParams(temperature=0.0, max_tokens=len(output), ignore_eos=True)
     result = decoder.generate(prompt, params)
     assert result.token_ids == output, "the replay must reproduce the recorded text"
-    return len(output) / sum(curve.c(b) for b in target.passes)
+    return sum(curve.c(b) for b in target.passes)
 
 
 def main() -> int:
