@@ -14,6 +14,7 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -159,20 +160,56 @@ def _sizes(target, max_k: int, context_len: int) -> tuple[int, list[int]]:
     return context_len, default_sizes(max(1, min(max_k, target.max_seq_len - context_len - 1)))
 
 
-def read_cached(target, *, key: str, max_k: int, context_len: int = 256) -> CostModel | None:
-    """The cost curve `cached_costs` would return from its cache for these arguments,
-    without measuring anything: None when none is cached (or the cached one is not
-    monotone, or lacks a size `cached_costs` would measure)."""
+UNCLEAN_TRIES = 3  # measurements of a curve that never came out clean before it is kept
+
+
+@dataclass(frozen=True)
+class SavedCurve:
+    """A cost curve as cached: `tries` is 0 for a clean measurement, else how many
+    unclean measurements its per-size minimum was taken over."""
+    verify: dict[int, float]
+    draft_per_token: float
+    tries: int
+
+    @property
+    def settled(self) -> bool:
+        """Used as it is: clean, or measured UNCLEAN_TRIES times without coming out clean."""
+        return self.tries == 0 or self.tries >= UNCLEAN_TRIES
+
+
+def _read_saved(key: str, sizes: Sequence[int]) -> SavedCurve | None:
+    """The cached curve for `key` if it has every size and is monotone, else None."""
     path = _cache_path(key)
-    sizes = _sizes(target, max_k, context_len)[1]
     if not path.is_file():
         return None
-    with contextlib.suppress(ValueError, KeyError, OSError):
+    with contextlib.suppress(ValueError, KeyError, OSError, TypeError):
         saved = json.loads(path.read_text())
         curve = {int(b): float(c) for b, c in saved["verify"].items()}
         if saved["key"] == key and set(sizes) <= set(curve) and not disturbed_points(curve):
-            return CostModel(curve, float(saved["draft_per_token"]))
+            return SavedCurve(curve, float(saved["draft_per_token"]), int(saved.get("tries", 0)))
     return None
+
+
+def read_cached(target, *, key: str, max_k: int, context_len: int = 256) -> CostModel | None:
+    """The cost curve `cached_costs` would return from its cache for these arguments,
+    without measuring anything: None when none is cached (or the cached one is not
+    monotone, or lacks a size `cached_costs` would measure). An unsettled curve
+    (measured unclean fewer than UNCLEAN_TRIES times) is returned too: it is a prior."""
+    saved = _read_saved(key, _sizes(target, max_k, context_len)[1])
+    return None if saved is None else CostModel(saved.verify, saved.draft_per_token)
+
+
+def _merge(curve: dict[int, float], clean: bool, before: SavedCurve | None
+           ) -> tuple[dict[int, float], int]:
+    """(the curve to cache, its tries): a clean measurement as it is; an unclean one
+    merged with the unclean ones before it by the per-size minimum (the pass least
+    disturbed), made monotone."""
+    if clean:
+        return curve, 0
+    if before is None or before.tries == 0:
+        return curve, 1
+    return monotone({b: min(c, before.verify.get(b, c)) for b, c in curve.items()}), \
+        before.tries + 1
 
 
 def cached_costs(
@@ -188,27 +225,31 @@ def cached_costs(
     one-token cost relative to it), measured once per `key` (model files,
     backend, threads, machine) and kept under $SPECDECODE_CACHE/costs/.
 
-    Returns (costs, from_cache). Measuring takes a few seconds of forward passes
-    after a `context_len`-token context; it leaves both caches empty. A curve is
-    written to the cache only when its measurement was clean (`measure_curve`),
-    and a cached curve that is not monotone is measured again: a busy machine at
-    load time must not decide every later run. Either way the curve is only the
-    controller's prior (controller.py).
+    Returns (costs, from_cache). Measuring takes seconds to minutes of forward
+    passes after a `context_len`-token context; it leaves both caches empty. A
+    clean measurement (`measure_curve`) is cached for good. An unclean one (a busy
+    or noisy machine) is cached too, and measured again at the next loads until one
+    comes out clean or UNCLEAN_TRIES were taken (their per-size minimum is kept):
+    a busy machine at one load must not decide every later run, and a noisy one
+    must not measure at every load. Either way the curve is only the controller's
+    prior, corrected by the passes it observes (controller.py). `refresh`
+    measures again and forgets what was cached.
     """
-    cached = None if refresh else read_cached(target, key=key, max_k=max_k,
-                                              context_len=context_len)
-    if cached is not None:
-        return cached, True
-    path, (context_len, sizes) = _cache_path(key), _sizes(target, max_k, context_len)
-    context = [(i * 7919) % 1000 + 100 for i in range(context_len)]  # any in-vocabulary ids
-    curve, clean = measure_curve(target, context, sizes)
+    sizes = _sizes(target, max_k, context_len)
+    saved = None if refresh else _read_saved(key, sizes[1])
+    if saved is not None and saved.settled:
+        return CostModel(saved.verify, saved.draft_per_token), True
+    context = [(i * 7919) % 1000 + 100 for i in range(sizes[0])]  # any in-vocabulary ids
+    measured, clean = measure_curve(target, context, sizes[1])
     target.rollback(0)
     draft_per_token = 0.0
     if draft is not None:
-        draft_per_token = forward_cost_curve(draft, context, [1])[1] / curve[1]
+        draft_per_token = forward_cost_curve(draft, context, [1])[1] / measured[1]
         draft.rollback(0)
-    if clean:
+    curve, tries = _merge(measured, clean, saved)
+    path = _cache_path(key)
+    with contextlib.suppress(OSError):  # a read-only cache: measured again next time
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"key": key, "verify": curve,
-                                    "draft_per_token": draft_per_token}, indent=1))
+        path.write_text(json.dumps({"key": key, "verify": curve, "draft_per_token":
+                                    draft_per_token, "tries": tries}, indent=1))
     return CostModel(curve, draft_per_token), False

@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specdecode import limits
+from specdecode.models import gguf_meta
 from specdecode.models.arena import move_to_arena
 from specdecode.models.config import ModelConfig
 from specdecode.models.registry import cache_dir
@@ -223,7 +224,7 @@ def read_config(path: str | Path) -> ModelConfig:
         if not config_file.exists():
             raise UnsupportedModel(f"{path} has no config.json (not a Hugging Face model folder)")
         return hf_config(json.loads(config_file.read_text()))
-    return gguf_config(open_gguf(path))
+    return gguf_meta.cached_config(path, lambda p: gguf_config(open_gguf(p)))
 
 
 def read_gguf(path: Path, dtype: torch.dtype, progress: bool = True):
@@ -261,9 +262,7 @@ def _load_gguf_cached(path: Path, dtype: torch.dtype):
     if done.exists() and (folder / "config.json").exists() and not config_file.exists():
         (folder / "config.json").rename(config_file)  # caches written before the rename
     if done.exists():
-        cfg_dict = json.loads(config_file.read_text())
-        cfg_dict["eos_token_ids"] = tuple(cfg_dict["eos_token_ids"])
-        cfg = ModelConfig(**cfg_dict)
+        cfg = gguf_meta.config_from_dict(json.loads(config_file.read_text()))
         state = load_file(folder / "model.safetensors")
         return cfg, state, Tokenizer.from_folder(folder), True
     cfg, state = read_gguf(path, dtype)

@@ -1,0 +1,56 @@
+"""A GGUF header is parsed once per version of the file (models/gguf_meta.py)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+import real
+from specdecode.models import gguf_meta, loading
+from specdecode.models.loading import UnsupportedModel
+
+
+@pytest.fixture
+def parses(monkeypatch, tmp_path):
+    """A fresh cache folder and process memo; counts the header parses."""
+    monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf_meta, "_parsed", {})
+    count, real_open = [], loading.open_gguf
+
+    def counting_open(path):
+        count.append(path)
+        return real_open(path)
+
+    monkeypatch.setattr(loading, "open_gguf", counting_open)
+    return count
+
+
+def test_parsed_once_then_read_back_in_a_new_process(parses, tmp_path, monkeypatch):
+    path = tmp_path / "smol.gguf"
+    shutil.copyfile(real.path("smollm2-135m"), path)
+    first = loading.read_config(path)
+    assert first == loading.gguf_config(loading.open_gguf(path))  # the parse itself
+    assert first.vocab_size == 49152 and first.eos_token_ids == (2,)
+    assert loading.read_config(path) == first and len(parses) == 2
+    monkeypatch.setattr(gguf_meta, "_parsed", {})  # what a new process starts with
+    assert loading.read_config(path) == first and len(parses) == 2
+    assert len(list((tmp_path / "cache" / "configs").glob("*.json"))) == 1
+
+
+def test_a_changed_file_is_parsed_again(parses, tmp_path):
+    path = tmp_path / "smol.gguf"
+    shutil.copyfile(real.path("smollm2-135m"), path)
+    loading.read_config(path)
+    with path.open("ab") as f:
+        f.write(b"\0" * 64)  # a new version: another size
+    assert loading.read_config(path).num_layers == 30 and len(parses) == 2
+
+
+def test_a_corrupt_file_is_not_remembered(parses, tmp_path):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(real.path("smollm2-135m").read_bytes()[:5_000_000])
+    for _ in range(2):
+        with pytest.raises(UnsupportedModel, match="truncated"):
+            loading.read_config(cut)
+    assert len(parses) == 2 and not (tmp_path / "cache" / "configs").exists()
