@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -11,8 +13,14 @@ from specdecode.models import gguf_meta, loading
 from specdecode.models.loading import UnsupportedModel
 
 
+@pytest.fixture(scope="module")
+def smol():
+    """The real file, found before any test points the cache elsewhere."""
+    return real.path("smollm2-135m")
+
+
 @pytest.fixture
-def parses(monkeypatch, tmp_path):
+def parses(monkeypatch, tmp_path, smol):
     """A fresh cache folder and process memo; counts the header parses."""
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(gguf_meta, "_parsed", {})
@@ -26,9 +34,9 @@ def parses(monkeypatch, tmp_path):
     return count
 
 
-def test_parsed_once_then_read_back_in_a_new_process(parses, tmp_path, monkeypatch):
+def test_parsed_once_then_read_back_in_a_new_process(parses, tmp_path, monkeypatch, smol):
     path = tmp_path / "smol.gguf"
-    shutil.copyfile(real.path("smollm2-135m"), path)
+    shutil.copyfile(smol, path)
     first = loading.read_config(path)
     assert first == loading.gguf_config(loading.open_gguf(path))  # the parse itself
     assert first.vocab_size == 49152 and first.eos_token_ids == (2,)
@@ -38,19 +46,29 @@ def test_parsed_once_then_read_back_in_a_new_process(parses, tmp_path, monkeypat
     assert len(list((tmp_path / "cache" / "configs").glob("*.json"))) == 1
 
 
-def test_a_changed_file_is_parsed_again(parses, tmp_path):
+def test_a_changed_file_is_parsed_again(parses, tmp_path, smol):
     path = tmp_path / "smol.gguf"
-    shutil.copyfile(real.path("smollm2-135m"), path)
+    shutil.copyfile(smol, path)
     loading.read_config(path)
     with path.open("ab") as f:
         f.write(b"\0" * 64)  # a new version: another size
     assert loading.read_config(path).num_layers == 30 and len(parses) == 2
 
 
-def test_a_corrupt_file_is_not_remembered(parses, tmp_path):
+def test_a_corrupt_file_is_not_remembered(parses, tmp_path, smol):
     cut = tmp_path / "cut.gguf"
-    cut.write_bytes(real.path("smollm2-135m").read_bytes()[:5_000_000])
+    cut.write_bytes(smol.read_bytes()[:5_000_000])
     for _ in range(2):
         with pytest.raises(UnsupportedModel, match="truncated"):
             loading.read_config(cut)
     assert len(parses) == 2 and not (tmp_path / "cache" / "configs").exists()
+
+
+def test_pull_reads_the_header_so_the_first_load_does_not(smol):
+    path = smol  # already pulled: no download here
+    saved = gguf_meta._cache_file(gguf_meta.file_key(path))
+    saved.unlink(missing_ok=True)  # only a cache entry
+    proc = subprocess.run([sys.executable, "-m", "specdecode.cli", "pull", "smollm2-135m"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == str(path), proc.stderr
+    assert saved.is_file()

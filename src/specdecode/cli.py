@@ -312,9 +312,13 @@ def error_line(e: Exception) -> str:
 
 
 def cmd_pull(args) -> int:
+    """Download, then read each file's header once (models/gguf_meta.py keeps it), so
+    the first load does not pay gguf's slow parse."""
+    from specdecode.limits import model_config
     from specdecode.models.registry import pull
 
     for path in pull(args.name):
+        model_config(path)
         print(path)
     return 0
 
