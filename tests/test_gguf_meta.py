@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -38,11 +39,13 @@ def test_parsed_once_then_read_back_in_a_new_process(parses, tmp_path, monkeypat
     path = tmp_path / "smol.gguf"
     shutil.copyfile(smol, path)
     first = loading.read_config(path)
-    assert first == loading.gguf_config(loading.open_gguf(path))  # the parse itself
-    assert first.vocab_size == 49152 and first.eos_token_ids == (2,)
-    assert loading.read_config(path) == first and len(parses) == 2
+    assert first.vocab_size == 49152 and first.eos_token_ids == (2,) and len(parses) == 1
+    with monkeypatch.context() as m:  # the process memo answers, not the file
+        m.setattr(gguf_meta, "_read_saved", lambda key: pytest.fail("read the file"))
+        assert loading.read_config(path) == first and len(parses) == 1
     monkeypatch.setattr(gguf_meta, "_parsed", {})  # what a new process starts with
-    assert loading.read_config(path) == first and len(parses) == 2
+    assert loading.read_config(path) == first and len(parses) == 1
+    assert first == loading.gguf_config(loading.open_gguf(path))  # the parse itself
     assert len(list((tmp_path / "cache" / "configs").glob("*.json"))) == 1
 
 
@@ -64,11 +67,12 @@ def test_a_corrupt_file_is_not_remembered(parses, tmp_path, smol):
     assert len(parses) == 2 and not (tmp_path / "cache" / "configs").exists()
 
 
-def test_pull_reads_the_header_so_the_first_load_does_not(smol):
-    path = smol  # already pulled: no download here
-    saved = gguf_meta._cache_file(gguf_meta.file_key(path))
-    saved.unlink(missing_ok=True)  # only a cache entry
+def test_pull_reads_the_header_so_the_first_load_does_not(smol, tmp_path):
+    models = tmp_path / "cache" / "models"
+    models.mkdir(parents=True)
+    (models / smol.name).symlink_to(smol)  # pulled already: no download here
+    env = {**os.environ, "SPECDECODE_CACHE": str(tmp_path / "cache")}
     proc = subprocess.run([sys.executable, "-m", "specdecode.cli", "pull", "smollm2-135m"],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.strip() == str(path), proc.stderr
-    assert saved.is_file()
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0 and proc.stdout.strip() == str(models / smol.name), proc.stderr
+    assert len(list((tmp_path / "cache" / "configs").glob("*.json"))) == 1

@@ -14,11 +14,12 @@ import os
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
+from specdecode.cachefile import write_atomic
 from specdecode.speclen import CostModel
 
 
@@ -108,8 +109,8 @@ def measure_curve(model, context_ids: Sequence[int], sizes: Sequence[int],
     """(c(b) in seconds, clean): medians of repeated passes; sizes that break
     monotonicity are measured again (up to `rounds` times), and a plain step is
     measured again at the end. clean: no check failed at the end and other
-    processes kept less than BUSY_CORES busy meanwhile (only a clean curve may
-    be cached); an unclean one is returned made monotone."""
+    processes kept less than BUSY_CORES busy meanwhile (only a clean curve is
+    cached for good: cached_costs); an unclean one is returned made monotone."""
     start = _cpu_seconds()
     curve = forward_cost_curve(model, context_ids, sizes)
     for _ in range(rounds):
@@ -160,25 +161,34 @@ def _sizes(target, max_k: int, context_len: int) -> tuple[int, list[int]]:
     return context_len, default_sizes(max(1, min(max_k, target.max_seq_len - context_len - 1)))
 
 
-UNCLEAN_TRIES = 3  # measurements of a curve that never came out clean before it is kept
+UNCLEAN_TRIES = 3  # unclean measurements of a curve, TRY_SPACING apart, before it is kept
+TRY_SPACING = 600.0  # seconds between two measurements that count as separate tries
+UNCLEAN_KEEP = 7 * 86400.0  # seconds a kept unclean curve is used before it is measured again
 
 
 @dataclass(frozen=True)
 class SavedCurve:
-    """A cost curve as cached: `tries` is 0 for a clean measurement, else how many
-    unclean measurements its per-size minimum was taken over."""
+    """A cost curve as cached (seconds): `tries` is 0 for a clean measurement, else
+    how many unclean ones (TRY_SPACING apart) its per-size minimum was taken over;
+    `at`: when the last of them counted (time.time())."""
     verify: dict[int, float]
     draft_per_token: float
-    tries: int
+    tries: int = 0
+    at: float = 0.0
 
-    @property
-    def settled(self) -> bool:
-        """Used as it is: clean, or measured UNCLEAN_TRIES times without coming out clean."""
-        return self.tries == 0 or self.tries >= UNCLEAN_TRIES
+    def settled(self, now: float) -> bool:
+        """Used as it is: clean, or kept after UNCLEAN_TRIES unclean tries and not
+        older than UNCLEAN_KEEP."""
+        return self.tries == 0 or (self.tries >= UNCLEAN_TRIES and now - self.at < UNCLEAN_KEEP)
+
+    def to_json(self, key: str) -> str:
+        return json.dumps({"key": key, "verify": self.verify, "draft_per_token":
+                           self.draft_per_token, "tries": self.tries, "at": self.at}, indent=1)
 
 
 def _read_saved(key: str, sizes: Sequence[int]) -> SavedCurve | None:
-    """The cached curve for `key` if it has every size and is monotone, else None."""
+    """The cached curve for `key` if it has every size and is monotone, else None (a
+    file written before `tries` existed held only clean curves)."""
     path = _cache_path(key)
     if not path.is_file():
         return None
@@ -186,30 +196,35 @@ def _read_saved(key: str, sizes: Sequence[int]) -> SavedCurve | None:
         saved = json.loads(path.read_text())
         curve = {int(b): float(c) for b, c in saved["verify"].items()}
         if saved["key"] == key and set(sizes) <= set(curve) and not disturbed_points(curve):
-            return SavedCurve(curve, float(saved["draft_per_token"]), int(saved.get("tries", 0)))
+            return SavedCurve(curve, float(saved["draft_per_token"]), int(saved.get("tries", 0)),
+                              float(saved.get("at", 0.0)))
     return None
 
 
 def read_cached(target, *, key: str, max_k: int, context_len: int = 256) -> CostModel | None:
     """The cost curve `cached_costs` would return from its cache for these arguments,
-    without measuring anything: None when none is cached (or the cached one is not
-    monotone, or lacks a size `cached_costs` would measure). An unsettled curve
-    (measured unclean fewer than UNCLEAN_TRIES times) is returned too: it is a prior."""
+    without measuring anything: None when none is settled there (none cached, an
+    unclean one still to be measured again, not monotone, or lacking a size
+    `cached_costs` would measure)."""
     saved = _read_saved(key, _sizes(target, max_k, context_len)[1])
-    return None if saved is None else CostModel(saved.verify, saved.draft_per_token)
+    if saved is None or not saved.settled(time.time()):
+        return None
+    return CostModel(saved.verify, saved.draft_per_token)
 
 
-def _merge(curve: dict[int, float], clean: bool, before: SavedCurve | None
-           ) -> tuple[dict[int, float], int]:
-    """(the curve to cache, its tries): a clean measurement as it is; an unclean one
-    merged with the unclean ones before it by the per-size minimum (the pass least
-    disturbed), made monotone."""
-    if clean:
-        return curve, 0
-    if before is None or before.tries == 0:
-        return curve, 1
-    return monotone({b: min(c, before.verify.get(b, c)) for b, c in curve.items()}), \
-        before.tries + 1
+def _merge(measured: SavedCurve, before: SavedCurve | None, now: float) -> SavedCurve:
+    """What to cache after a measurement (`measured.tries`: 0 if clean, else 1): a
+    clean one as it is; an unclean one merged with the unclean tries before it
+    (not with an expired kept curve: that starts over) by the per-size minimum
+    (the pass least disturbed), the draft's seconds per token too; it counts as a
+    new try only TRY_SPACING after the last, so one busy spell is one try."""
+    if measured.tries == 0 or before is None or not 0 < before.tries < UNCLEAN_TRIES:
+        return replace(measured, at=now)
+    verify = {b: min(c, before.verify.get(b, c)) for b, c in measured.verify.items()}
+    draft = min(measured.draft_per_token * measured.verify[1],
+                before.draft_per_token * before.verify[1]) / verify[1]
+    spaced = now - before.at >= TRY_SPACING
+    return SavedCurve(verify, draft, before.tries + spaced, now if spaced else before.at)
 
 
 def cached_costs(
@@ -226,30 +241,27 @@ def cached_costs(
     backend, threads, machine) and kept under $SPECDECODE_CACHE/costs/.
 
     Returns (costs, from_cache). Measuring takes seconds to minutes of forward
-    passes after a `context_len`-token context; it leaves both caches empty. A
-    clean measurement (`measure_curve`) is cached for good. An unclean one (a busy
-    or noisy machine) is cached too, and measured again at the next loads until one
-    comes out clean or UNCLEAN_TRIES were taken (their per-size minimum is kept):
-    a busy machine at one load must not decide every later run, and a noisy one
-    must not measure at every load. Either way the curve is only the controller's
-    prior, corrected by the passes it observes (controller.py). `refresh`
-    measures again and forgets what was cached.
+    passes after a `context_len`-token context; it leaves both models' KV caches
+    empty. A clean measurement (`measure_curve`) is cached for good. An unclean one
+    (a busy or noisy machine) is cached too, and measured again at the next loads
+    until one comes out clean or UNCLEAN_TRIES tries, TRY_SPACING apart, have not
+    (their per-size minimum is then kept for UNCLEAN_KEEP): a busy spell at load
+    time must not decide every later run, and a noisy machine must not measure at
+    every load. Either way the curve is only the controller's prior, corrected by
+    the passes it observes (controller.py). `refresh` measures again and forgets
+    what was cached.
     """
-    sizes = _sizes(target, max_k, context_len)
+    sizes, now = _sizes(target, max_k, context_len), time.time()
     saved = None if refresh else _read_saved(key, sizes[1])
-    if saved is not None and saved.settled:
+    if saved is not None and saved.settled(now):
         return CostModel(saved.verify, saved.draft_per_token), True
     context = [(i * 7919) % 1000 + 100 for i in range(sizes[0])]  # any in-vocabulary ids
-    measured, clean = measure_curve(target, context, sizes[1])
+    curve, clean = measure_curve(target, context, sizes[1])
     target.rollback(0)
     draft_per_token = 0.0
     if draft is not None:
-        draft_per_token = forward_cost_curve(draft, context, [1])[1] / measured[1]
+        draft_per_token = forward_cost_curve(draft, context, [1])[1] / curve[1]
         draft.rollback(0)
-    curve, tries = _merge(measured, clean, saved)
-    path = _cache_path(key)
-    with contextlib.suppress(OSError):  # a read-only cache: measured again next time
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"key": key, "verify": curve, "draft_per_token":
-                                    draft_per_token, "tries": tries}, indent=1))
-    return CostModel(curve, draft_per_token), False
+    kept = _merge(SavedCurve(curve, draft_per_token, 0 if clean else 1), saved, now)
+    write_atomic(_cache_path(key), kept.to_json(key))  # read-only: measured again next time
+    return CostModel(kept.verify, kept.draft_per_token), False

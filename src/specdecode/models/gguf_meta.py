@@ -13,27 +13,30 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from specdecode.cachefile import write_atomic
 from specdecode.models.config import ModelConfig
 from specdecode.models.registry import cache_dir
 
-FORMAT = 1  # bump when gguf_config reads a field it did not read before
+FORMAT = 1  # bump whenever gguf_config's result for a given file may change
 
 _parsed: dict[str, ModelConfig] = {}
 
 
 def file_key(path: Path) -> str:
-    """A key for this version of the file: its resolved path, size and change time
-    (a file replaced or truncated gets a new key)."""
+    """A key for this version of the file: its resolved path, inode, size and
+    modification and change times (a file replaced, copied over or truncated gets a
+    new key; copy tools can set the modification time, not the change time)."""
     stat = path.stat()
-    return f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|v{FORMAT}"
+    return (f"{path.resolve()}|{stat.st_ino}|{stat.st_size}|{stat.st_mtime_ns}|"
+            f"{stat.st_ctime_ns}|v{FORMAT}")
 
 
 def _cache_file(key: str) -> Path:
+    """Where the config of the file version `key` is kept."""
     return cache_dir() / "configs" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
 
 
@@ -43,6 +46,7 @@ def config_from_dict(fields: dict) -> ModelConfig:
 
 
 def _read_saved(key: str) -> ModelConfig | None:
+    """The config kept for `key`, or None (none kept, unreadable, or another format)."""
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         saved = json.loads(_cache_file(key).read_text())
         if saved["key"] == key:
@@ -51,14 +55,8 @@ def _read_saved(key: str) -> ModelConfig | None:
 
 
 def _save(key: str, cfg: ModelConfig) -> None:
-    """Written whole or not at all (a temporary file renamed); a read-only cache
-    only costs the next process a parse."""
-    target = _cache_file(key)
-    tmp = target.with_suffix(f".{os.getpid()}.tmp")
-    with contextlib.suppress(OSError):
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"key": key, "config": asdict(cfg)}, indent=1))
-        tmp.replace(target)
+    """Best effort: a read-only cache only costs the next process a parse."""
+    write_atomic(_cache_file(key), json.dumps({"key": key, "config": asdict(cfg)}, indent=1))
 
 
 def cached_config(path: Path, parse: Callable[[Path], ModelConfig]) -> ModelConfig:
