@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -25,3 +27,23 @@ def write_atomic(path: Path, text: str) -> bool:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)  # left only where the rename failed
     return False
+
+
+def keyed_file(folder: Path, key: str) -> Path:
+    """The JSON file in `folder` that holds what was saved for `key` (its hash names it)."""
+    return folder / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
+
+
+def read_keyed(folder: Path, key: str) -> dict | None:
+    """What `write_keyed` saved for `key`, or None (nothing saved, unreadable, or a
+    file of another key)."""
+    with contextlib.suppress(OSError, ValueError):
+        saved = json.loads(keyed_file(folder, key).read_text())
+        if isinstance(saved, dict) and saved.get("key") == key:
+            return saved
+    return None
+
+
+def write_keyed(folder: Path, key: str, fields: dict) -> bool:
+    """Save `fields` (JSON-serialisable) with `key`, atomically; False where it cannot."""
+    return write_atomic(keyed_file(folder, key), json.dumps({"key": key, **fields}, indent=1))

@@ -8,8 +8,6 @@ far from flat (memory-bound at b = 1, compute-bound as b grows).
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import statistics
 import time
@@ -19,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from specdecode.cachefile import write_atomic
+from specdecode.cachefile import read_keyed, write_keyed
 from specdecode.speclen import CostModel
 
 
@@ -151,10 +149,6 @@ def costs_dir() -> Path:
     return cache_dir() / "costs"
 
 
-def _cache_path(key: str) -> Path:
-    return costs_dir() / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
-
-
 def _sizes(target, max_k: int, context_len: int) -> tuple[int, list[int]]:
     """(the context measured after, the batch sizes measured) for a target's cache size."""
     context_len = min(context_len, target.max_seq_len // 2)  # a small context: half of it
@@ -181,21 +175,21 @@ class SavedCurve:
         older than UNCLEAN_KEEP."""
         return self.tries == 0 or (self.tries >= UNCLEAN_TRIES and now - self.at < UNCLEAN_KEEP)
 
-    def to_json(self, key: str) -> str:
-        return json.dumps({"key": key, "verify": self.verify, "draft_per_token":
-                           self.draft_per_token, "tries": self.tries, "at": self.at}, indent=1)
+    def fields(self) -> dict:
+        """What is saved besides the key."""
+        return {"verify": self.verify, "draft_per_token": self.draft_per_token,
+                "tries": self.tries, "at": self.at}
 
 
 def _read_saved(key: str, sizes: Sequence[int]) -> SavedCurve | None:
     """The cached curve for `key` if it has every size and is monotone, else None (a
     file written before `tries` existed held only clean curves)."""
-    path = _cache_path(key)
-    if not path.is_file():
+    saved = read_keyed(costs_dir(), key)
+    if saved is None:
         return None
-    with contextlib.suppress(ValueError, KeyError, OSError, TypeError):
-        saved = json.loads(path.read_text())
+    with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
         curve = {int(b): float(c) for b, c in saved["verify"].items()}
-        if saved["key"] == key and set(sizes) <= set(curve) and not disturbed_points(curve):
+        if set(sizes) <= set(curve) and not disturbed_points(curve):
             return SavedCurve(curve, float(saved["draft_per_token"]), int(saved.get("tries", 0)),
                               float(saved.get("at", 0.0)))
     return None
@@ -263,5 +257,5 @@ def cached_costs(
         draft_per_token = forward_cost_curve(draft, context, [1])[1] / curve[1]
         draft.rollback(0)
     kept = _merge(SavedCurve(curve, draft_per_token, 0 if clean else 1), saved, now)
-    write_atomic(_cache_path(key), kept.to_json(key))  # read-only: measured again next time
+    write_keyed(costs_dir(), key, kept.fields())  # read-only: measured again next time
     return CostModel(kept.verify, kept.draft_per_token), False

@@ -11,13 +11,11 @@ Here a parsed config is kept in this process and in $SPECDECODE_CACHE/configs/
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from specdecode.cachefile import write_atomic
+from specdecode.cachefile import read_keyed, write_keyed
 from specdecode.models.config import ModelConfig
 from specdecode.models.registry import cache_dir
 
@@ -35,9 +33,9 @@ def file_key(path: Path) -> str:
             f"{stat.st_ctime_ns}|v{FORMAT}")
 
 
-def _cache_file(key: str) -> Path:
-    """Where the config of the file version `key` is kept."""
-    return cache_dir() / "configs" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
+def _folder() -> Path:
+    """Where parsed configs are kept: $SPECDECODE_CACHE/configs."""
+    return cache_dir() / "configs"
 
 
 def config_from_dict(fields: dict) -> ModelConfig:
@@ -47,16 +45,10 @@ def config_from_dict(fields: dict) -> ModelConfig:
 
 def _read_saved(key: str) -> ModelConfig | None:
     """The config kept for `key`, or None (none kept, unreadable, or another format)."""
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        saved = json.loads(_cache_file(key).read_text())
-        if saved["key"] == key:
-            return config_from_dict(saved["config"])
+    saved = read_keyed(_folder(), key)
+    with contextlib.suppress(KeyError, TypeError, ValueError):
+        return None if saved is None else config_from_dict(saved["config"])
     return None
-
-
-def _save(key: str, cfg: ModelConfig) -> None:
-    """Best effort: a read-only cache only costs the next process a parse."""
-    write_atomic(_cache_file(key), json.dumps({"key": key, "config": asdict(cfg)}, indent=1))
 
 
 def cached_config(path: Path, parse: Callable[[Path], ModelConfig]) -> ModelConfig:
@@ -66,6 +58,6 @@ def cached_config(path: Path, parse: Callable[[Path], ModelConfig]) -> ModelConf
     cfg = _parsed.get(key) or _read_saved(key)
     if cfg is None:
         cfg = parse(path)
-        _save(key, cfg)
+        write_keyed(_folder(), key, {"config": asdict(cfg)})  # best effort
     _parsed[key] = cfg
     return cfg

@@ -41,7 +41,6 @@ the machine is busy later; the cache key has no threads or flash-attention setti
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -53,6 +52,7 @@ import numpy as np
 import torch
 
 from specdecode import limits
+from specdecode.cachefile import write_atomic
 from specdecode.models.base import ForwardOutput
 
 if TYPE_CHECKING:
@@ -174,9 +174,7 @@ def _decide(owner: LlamaCppLM) -> tuple[int | None, PrefillCopy | None]:
     except BaseException:
         copy.close()
         raise
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(record))
+    write_atomic(path, json.dumps(record))  # best effort: measured again where it fails
     return min_new, copy
 
 
