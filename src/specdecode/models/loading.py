@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specdecode import limits
-from specdecode.models import gguf_meta
+from specdecode.models import gguf_meta, wide_f32
 from specdecode.models.arena import move_to_arena
 from specdecode.models.config import ModelConfig
 from specdecode.models.registry import cache_dir
@@ -91,7 +91,8 @@ def build(
     cfg: ModelConfig, state: dict[str, torch.Tensor], *, dtype: torch.dtype, device: str,
     max_seq_len: int,
 ) -> Transformer:
-    """A Transformer with the given weights (on CPU copied into a huge-page arena)."""
+    """A Transformer with the given weights (on CPU copied into a huge-page arena; bf16 on
+    a CPU without bf16 matrix hardware multiplies wide passes in float32: wide_f32.py)."""
     with torch.device("meta"):
         model = Transformer(cfg, max_seq_len=max_seq_len, dtype=dtype, device="meta")
     expected = set(model.state_dict())
@@ -109,6 +110,8 @@ def build(
         model.lm_head.weight = model.embed_tokens.weight
     if torch.device(device).type == "cpu":
         move_to_arena(model)  # out of the file mapping: ~1.4x faster decoding, see arena.py
+    if wide_f32.wanted(device, dtype):
+        wide_f32.install(model)  # wide passes in float32 (no bf16 matrix hardware)
     model._allocate_cache()
     return model.eval()
 

@@ -9,7 +9,8 @@ cost grows linearly with the number of rows (measured on a 2-core Xeon, a
 896x4864 layer in bf16: 0.3 ms for 1-4 rows, 18 ms for 256, where
 dequantizing and a dense matmul take 6 ms), so batches of more than
 PACKED_MAX_ROWS rows (a draft model's prefill) and fp32 activations (slower
-through it at every size) take the dequantize path.
+through it at every size) take the dequantize path: in float32 through
+wide_f32.product on a CPU without bf16 matrix hardware (see wide_f32.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdecode.models import wide_f32
 from specdecode.models.arena import move_to_arena
 
 PACKED_MAX_ROWS = 16
@@ -41,12 +43,15 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale.to(linear.weight.dtype))
         self.bias = linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.wide_f32 = wide_f32.wanted(w.device, linear.weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         flat = x.reshape(-1, self.in_features)
         packed = flat.shape[0] <= PACKED_MAX_ROWS and x.dtype != torch.float32
         if flat.device.type == "cpu" and packed:
             y = torch.ops.aten._weight_int8pack_mm(flat, self.weight_int8, self.scale.to(x.dtype))
+        elif self.wide_f32 and x.dtype == torch.bfloat16:
+            y = (wide_f32.product(flat, self.weight_int8) * self.scale.float()).to(x.dtype)
         else:
             y = F.linear(flat, self.weight_int8.to(x.dtype)) * self.scale.to(x.dtype)
         if self.bias is not None:
