@@ -573,6 +573,7 @@ def cmd_train(args) -> int:
     from dataclasses import replace
 
     from specdecode.llm import LLM
+    from specdecode.models.registry import cache_dir
     from specdecode.train.run import RunOptions, distil, target_tables
 
     spec = load_spec(args, drafter="none", max_seq_len=args.max_seq_len or 2048)
@@ -592,7 +593,7 @@ def cmd_train(args) -> int:
     llm = LLM.from_spec(spec)
     target, path = llm.decoder.target, Path(llm.info.target)
     embed, lm_head = target_tables(target, path)
-    cache = Path.home() / ".cache" / "specdecode" / "train" / f"{path.stem}-{llm.info.backend}"
+    cache = cache_dir() / "train" / f"{path.stem}-{llm.info.backend}"  # $SPECDECODE_CACHE
     options = RunOptions(prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                          steps=args.steps, batch=args.batch, draft_vocab=args.draft_vocab,
                          drafter=args.drafter, context=args.context,

@@ -15,7 +15,8 @@ adds up, from model metadata and file sizes only (limits.py's arithmetic):
   embedding; llama.cpp: its GGUF) and KV cache at the same context, or a
   trained head's files (hidden-head, eagle3);
 - activations: torch, one verification pass of k + 1 tokens (logits, layer
-  temporaries, attention scores over the whole context); llama.cpp, the compute
+  temporaries, attention scores over the whole context; bf16 on a CPU without
+  bf16 matrix hardware, models/wide_f32.py's scratch buffer too); llama.cpp, the compute
   buffer it reserves per model for a batch of n_batch tokens (logits of the
   batch dominate: 512 x 151,936 x 4 bytes for the default pair);
 - torch on CPU, loading: a model's weights are read from the (converted)
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdecode import limits
-from specdecode.models import llama_cpp_prefill
+from specdecode.models import llama_cpp_prefill, wide_f32
 from specdecode.options import LoadSpec, OptionError
 
 LLAMA_CPP_BATCH = 512  # LlamaCppLM's n_batch: the tokens its compute buffer is sized for
@@ -246,7 +247,10 @@ def _activations(backend: str, cfg, spec: LoadSpec, context: int, k: int,
     logits = t * cfg.vocab_size * (elem + 4)  # the model's dtype, then float32 for sampling
     layer = t * (4 * cfg.hidden_size + 3 * cfg.intermediate_size) * elem
     scores = cfg.num_heads * t * context * 4
-    return Part(f"activations (verify k={k})", logits + layer + scores, "activations")
+    name, scratch = f"activations (verify k={k})", 0
+    if wide_f32.wanted(spec.device, spec.dtype):
+        name, scratch = name + " + float32 scratch (models/wide_f32.py)", wide_f32.SCRATCH_BYTES
+    return Part(name, logits + layer + scores + scratch, "activations")
 
 
 def files_bytes(path: Path) -> int:

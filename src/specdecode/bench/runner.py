@@ -301,9 +301,11 @@ class Bench:
         tok = self.models.plain.tokenizer
         prompts = [p for w in o.workloads for p in workloads.load(w, o.limit)]
         total = o.repeats * len(prompts) * len(o.temperatures) * len(self.configs)
+        from rich.console import Console
         from rich.progress import Progress
 
-        with Progress(disable=not progress, transient=False) as bar:
+        with Progress(disable=not progress, transient=False,
+                      console=Console(stderr=True)) as bar:
             task = bar.add_task("warm-up", total=total)
             if o.warmup:
                 warm = workloads.Prompt("warm-up", "warm-up", (

@@ -9,8 +9,9 @@ cost grows linearly with the number of rows (measured on a 2-core Xeon, a
 896x4864 layer in bf16: 0.3 ms for 1-4 rows, 18 ms for 256, where
 dequantizing and a dense matmul take 6 ms), so batches of more than
 PACKED_MAX_ROWS rows (a draft model's prefill) and fp32 activations (slower
-through it at every size) take the dequantize path: in float32 through
-wide_f32.product on a CPU without bf16 matrix hardware (see wide_f32.py).
+through it at every size) take the dequantize path; on a CPU without bf16
+matrix hardware, passes of wide_f32.WIDE_ROWS rows or more multiply in float32
+through wide_f32.product instead (see wide_f32.py).
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ class Int8Linear(nn.Module):
         packed = flat.shape[0] <= PACKED_MAX_ROWS and x.dtype != torch.float32
         if flat.device.type == "cpu" and packed:
             y = torch.ops.aten._weight_int8pack_mm(flat, self.weight_int8, self.scale.to(x.dtype))
-        elif self.wide_f32 and x.dtype == torch.bfloat16:
-            y = (wide_f32.product(flat, self.weight_int8) * self.scale.float()).to(x.dtype)
+        elif self.wide_f32 and wide_f32.applies(flat, flat.shape[0]):
+            return wide_f32.product(flat, self.weight_int8, self.bias, self.scale).reshape(
+                *x.shape[:-1], self.out_features)
         else:
             y = F.linear(flat, self.weight_int8.to(x.dtype)) * self.scale.to(x.dtype)
         if self.bias is not None:

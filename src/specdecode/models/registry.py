@@ -20,6 +20,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
 
@@ -132,7 +133,8 @@ def pull(name: str, *, quiet: bool = False) -> list[Path]:
     digest = hashlib.sha256()
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                TimeRemainingColumn())
-    with Progress(*columns, disable=quiet, transient=False) as progress, \
+    with Progress(*columns, disable=quiet, transient=False,
+                  console=Console(stderr=True)) as progress, \
             tempfile.TemporaryDirectory() as tmp, open(partial, "wb") as out:
         task = progress.add_task(f"pull {name}", total=entry.size)
         for part in entry.parts:

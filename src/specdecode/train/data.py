@@ -406,10 +406,12 @@ class CollectBar:
     def __enter__(self) -> Callable[[int], None]:
         if not self.on:
             return lambda n: None
+        from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
         self.bar = Progress(TextColumn(self.label), BarColumn(),
                             TextColumn("{task.completed}/{task.total} prompts"),
-                            TextColumn("{task.fields[rate]}"), TimeRemainingColumn())
+                            TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
+                            console=Console(stderr=True))  # stdout: the JSON summary
         self.task = self.bar.add_task("collect", total=self.total, rate="")
         self.bar.start()
         self.started = time.perf_counter()
@@ -435,10 +437,12 @@ class StepBar:
     def __enter__(self) -> Callable[[int, int, int], None] | None:
         if not self.on:
             return None
+        from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
         self.bar = Progress(TextColumn("training"), BarColumn(),
                             TextColumn("{task.completed}/{task.total} steps"),
-                            TextColumn("{task.fields[rate]}"), TimeRemainingColumn())
+                            TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
+                            console=Console(stderr=True))  # stdout: the JSON summary
         self.task = self.bar.add_task("train", total=None, rate="")
         self.bar.start()
         self.started = time.perf_counter()
