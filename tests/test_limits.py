@@ -52,7 +52,8 @@ def test_llm_load_rejects_sizes_before_loading(kw, needle, no_loading):
 
 def test_sizes_that_fit_pass_the_checks():
     path = real.path("smollm2-135m")
-    for kw in ({"k": 8190}, {"max_seq_len": 8192, "k": 64}, {"max_seq_len": 3, "k": 1}):
+    for kw in ({"k": 8190}, {"max_seq_len": 8192, "k": 64},
+               {"max_seq_len": limits.MIN_CONTEXT, "k": limits.MIN_CONTEXT - 2}):
         limits.check_load(str(path), dtype="float32", device="cpu", backend="torch",
                           **{"k": None, "max_seq_len": None, **kw})
 

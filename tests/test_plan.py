@@ -320,3 +320,22 @@ def test_build_adaptive_auto_chooses_and_keeps_the_draft(models, monkeypatch):
     assert built.info.drafter == "ngram+suffix+draft-model"
     assert "n-gram and suffix lookup + the draft model" in built.info.choice
     assert "each step's drafter and length" in built.info.choice
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this torch has CUDA")
+def test_a_device_this_torch_lacks_is_an_option_error_before_loading():
+    """LLM.load names the option (it once raised torch's AssertionError mid-load)."""
+    with pytest.raises(OptionError) as e:
+        llm_module.LLM.load("smollm2-135m", device="cuda")
+    assert e.value.param == "device" and "no CUDA device" in str(e.value)
+    with pytest.raises(OptionError) as e:
+        llm_module.LLM.load("smollm2-135m", device="banana")
+    assert e.value.param == "device"
+
+
+def test_a_context_too_small_for_a_step_is_refused_before_loading():
+    """--max-context 1 once failed inside the cost-curve measurement ("last_n=1 must be
+    in 0..0")."""
+    with pytest.raises(OptionError, match="at least 16 tokens") as e:
+        llm_module.LLM.load("smollm2-135m", max_seq_len=15)
+    assert e.value.param == "max_seq_len"

@@ -82,3 +82,11 @@ def test_extreme_values_stay_finite():
     approx(tiny_t, [1, 0, 0, 0])  # below 1e-5 is greedy
     tiny_p = logits_to_probs(LOGITS, SamplingParams(temperature=1.0, top_p=1e-300))
     approx(tiny_p, [1, 0, 0, 0])  # the top token always survives top_p
+
+
+def test_one_stop_string_is_a_stop_string_not_its_characters():
+    """As the OpenAI API reads `stop`: "xe" once stopped generation at any "x" or "e"."""
+    assert SamplingParams(stop="xe").stop == ("xe",)
+    assert SamplingParams(stop=["a", "bc"]).stop == ["a", "bc"]
+    with pytest.raises(ValueError, match="non-empty strings"):
+        SamplingParams(stop="")

@@ -209,6 +209,15 @@ CASES = [
      None),
     ("chat-long-model-name", "POST", "/v1/chat/completions", CHAT | {"model": "m" * 100000},
      404, "model"),
+    # other engines' extensions that change the output: refused, not ignored
+    ("chat-repetition-penalty", "POST", "/v1/chat/completions",
+     CHAT | {"repetition_penalty": 1.2}, 400, "repetition_penalty"),
+    ("chat-guided-json", "POST", "/v1/chat/completions",
+     CHAT | {"guided_json": {"type": "object"}}, 400, "guided_json"),
+    ("comp-min-tokens", "POST", "/v1/completions", COMP | {"min_tokens": 5}, 400,
+     "min_tokens"),
+    ("comp-grammar", "POST", "/v1/completions", COMP | {"grammar": "root ::= \"a\""}, 400,
+     "grammar"),
 ]
 
 
@@ -324,6 +333,23 @@ def test_text_part_without_text_is_named(http):
     assert "needs a 'text' string" in r.json()["error"]["message"], r.text
     r = send(http, "POST", "/v1/chat/completions", Raw(json.dumps(CHAT), "text/plain"))
     assert "'text/plain'" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path, body", [("/v1/chat/completions", CHAT),
+                                        ("/v1/completions", COMP), ("/v1/messages", ANT)])
+def test_a_body_without_content_type_is_read_as_json(http, path, body):
+    """As the README says (curl -d without -H sends a form type; raw clients send none)."""
+    r = http.post(path, content=json.dumps(body).encode())
+    assert "content-type" not in {k.lower() for k in r.request.headers}
+    assert r.status_code == 200, r.text
+
+
+def test_extensions_at_their_neutral_value_and_unknown_fields_pass(http):
+    """A client that sends vLLM's defaults, or fields nothing reads, is served."""
+    neutral = {"repetition_penalty": 1.0, "min_tokens": 0, "stop_token_ids": [],
+               "use_beam_search": False, "guided_json": None, "metadata": {"a": "b"}}
+    r = send(http, "POST", "/v1/chat/completions", CHAT | neutral)
+    assert r.status_code == 200, r.text
 
 
 def _read_until_closed(sock: socket.socket) -> bytes:

@@ -97,3 +97,35 @@ def test_cli_refuses_overlong_stop_strings_before_loading():
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "at most 1024 characters" in lines[0], proc.stderr
+
+
+def test_cli_messages_keep_only_role_and_content(tok, tmp_path):
+    """A messages file's other keys (a tool call's name, a `name`) are dropped, as the
+    server drops them: no text but the content reaches the template."""
+    from specdecode.cli import _read_messages
+
+    text = hostile(tok)
+    call = {"type": "function", "function": {"name": text, "arguments": "{}"}}
+    messages = [{"role": "developer", "content": "Be brief.", "name": text},
+                {"role": "user", "content": "Hi", "name": text},
+                {"role": "assistant", "content": "Hello", "tool_calls": [call]},
+                {"role": "user", "content": "Bye"}]
+    file = tmp_path / "m.json"
+    file.write_text(json.dumps(messages))
+    read = _read_messages(file)
+    assert [set(m) for m in read] == [{"role", "content"}] * 4
+    assert read[0]["role"] == "system"  # as the server reads "developer"
+    plain = [{"role": m["role"], "content": m["content"]} for m in read]
+    assert control_ids(tok, tok.chat(read)) == control_ids(tok, tok.chat(plain))
+
+
+def test_a_template_that_refuses_the_messages_is_a_value_error(tok, monkeypatch):
+    """A strict template (as Mistral's: roles must alternate) raises from jinja; the CLI
+    turns a ValueError into one line and exit status 2, not a traceback."""
+    strict = ("{% if messages[0]['role'] != 'user' %}"
+              "{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
+              "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    monkeypatch.setattr(tok.hf, "chat_template", strict)
+    assert tok.chat([{"role": "user", "content": "hi"}])
+    with pytest.raises(ValueError, match="refused these messages: Conversation roles"):
+        tok.chat([{"role": "assistant", "content": "x"}])

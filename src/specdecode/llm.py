@@ -152,11 +152,13 @@ class LLM:
 
     @classmethod
     def from_spec(cls, spec: LoadSpec, facts: Facts | None = None) -> LLM:
-        """Check the sizes (limits.py), resolve the plan (plan.py), refuse it if its
+        """Check the device and sizes (limits.py), resolve the plan (plan.py), refuse it if its
         memory plan does not fit (memory.py), load its models and build it."""
         from specdecode import limits
         from specdecode.memory import plan_memory
+        from specdecode.options import check_device
 
+        check_device(spec.device)  # OptionError naming <device>, before anything is read
         limits.check_load(spec.target, k=spec.k, max_seq_len=spec.max_seq_len,
                           dtype=spec.dtype, device=spec.device, backend=spec.backend)
         plan = resolve(spec, facts or Facts.here())

@@ -132,4 +132,26 @@ def _check_numbers(s: LoadSpec) -> None:
         raise OptionError(f"<draft_confidence> must be a number in [0, 1], got {c!r}")
 
 
+def check_device(device: object) -> None:
+    """A device this torch can use (OptionError naming <device> otherwise), checked
+    before any model is loaded."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise OptionError(f"<device>: unknown device '{device}' (cpu, cuda, cuda:N)") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise OptionError(f"<device> {device}: this torch has no CUDA device "
+                              f"(torch {torch.__version__}); use cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise OptionError(f"<device> {device}: only {torch.cuda.device_count()} CUDA "
+                              "device(s) here")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise OptionError(f"<device> {device}: MPS is not available here")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise OptionError(f"<device> {device}: not supported (cpu, cuda, cuda:N)")
+
+
 SPEC_FIELDS = frozenset(f.name for f in fields(LoadSpec))

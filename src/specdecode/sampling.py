@@ -38,7 +38,8 @@ class SamplingParams:
     max_tokens: at most this many new tokens.
     stop_token_ids: extra token ids that end generation (like EOS).
     ignore_eos: keep going past the model's EOS tokens.
-    stop: stop strings; the engine sees them only through a stop hook that a
+    stop: stop strings (one string alone is read as a one-string tuple, as the OpenAI
+        API reads `stop`); the engine sees them only through a stop hook that a
         tokenizer-aware caller builds (see `engine.StopHook`).
     """
 
@@ -52,6 +53,8 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
+        if isinstance(self.stop, str):  # not its characters
+            object.__setattr__(self, "stop", (self.stop,))
         _check(_is_number(self.temperature), "temperature must be a number")
         _check(math.isfinite(self.temperature) and self.temperature >= 0,
                f"temperature must be >= 0, got {self.temperature}")

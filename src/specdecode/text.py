@@ -130,14 +130,18 @@ class Tokenizer:
         Content is a string or a list of text parts ({"type": "text", "text": ...},
         joined). It is tokenized as literal text; only the template's markup
         produces control tokens. A conversation without control-token text gets
-        exactly the ids of the plain template rendering."""
+        exactly the ids of the plain template rendering. A template that raises
+        (roles it refuses, say) is a ValueError."""
         if not self.has_chat_template:
             raise ValueError("this model has no chat template; give a raw prompt instead")
         messages = [_message(m, i) for i, m in enumerate(messages)]
         escape = _Escape(self.control_tokens, [m["content"] for m in messages])
-        text = self.hf.apply_chat_template(
-            [m | {"content": escape(m["content"])} for m in messages],
-            tokenize=False, add_generation_prompt=True)
+        try:
+            text = self.hf.apply_chat_template(
+                [m | {"content": escape(m["content"])} for m in messages],
+                tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # the template's own checks (roles, order) or its errors
+            raise ValueError(f"the chat template refused these messages: {e}") from None
         markup, literal = escape.split(text)
         if not literal:
             return list(self.hf.encode(text, add_special_tokens=False))

@@ -141,8 +141,8 @@ class LlamaCppLM:
         (default: all CPUs available).
         n_batch: most tokens per llama_decode call (longer inputs are split).
         flash_attn: True/False, or None: $SPECDECODE_FLASH_ATTN (on / off / auto),
-        else llama.cpp's automatic choice (on, for CPUs). Off is faster on this
-        CPU kind: at 1.8k tokens of context a 49-token verification takes 947 ms
+        else llama.cpp's automatic choice (on, for CPUs). Off was faster on a
+        2-core Xeon: at 1.8k tokens of context a 49-token verification takes 947 ms
         without it and 1267 with it (b=17: 432 vs 551; one-token steps equal;
         llama-bench pp49 @ d1800: 58 vs 41 t/s); but then even 2-token batches
         differ from one-token steps in the last bits (SmolLM2 Q4_1: greedy

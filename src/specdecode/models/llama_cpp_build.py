@@ -59,6 +59,21 @@ def cmake_options(flags: set[str]) -> tuple[str, list[str]]:
     return isa, opts
 
 
+REQUIRED = ("avx2", "fma", "f16c")  # what cmake_options turns on unconditionally
+
+
+def missing_features(flags: set[str], machine: str | None = None) -> list[str]:
+    """The instruction-set features this build needs that an x86-64 CPU with these
+    flags lacks (empty: it can run the build; other architectures and unreadable
+    flags are not checked)."""
+    import platform
+
+    machine = platform.machine() if machine is None else machine
+    if machine.lower() not in ("x86_64", "amd64") or not flags:
+        return []
+    return [f for f in REQUIRED if f not in flags]
+
+
 def build_root() -> Path:
     from specdecode.models.registry import cache_dir
 
@@ -103,6 +118,10 @@ def build(jobs: int | None = None, bindings: bool = True) -> Path:
     """Build (or find) llama.cpp for this CPU, and (bindings) install the Python
     bindings that use it; returns the build's folder. Raises RuntimeError naming
     the step that failed."""
+    missing = missing_features(cpu_flags())
+    if missing:
+        raise RuntimeError(f"this CPU lacks {', '.join(missing).upper()}, which the llama.cpp "
+                           "build needs; use the torch backend (--backend torch)")
     out = build_dir()
     src = _sources()
     if not is_built(out):

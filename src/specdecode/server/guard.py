@@ -74,6 +74,7 @@ class Guard:
         if refusal is not None:
             await refusal(scope, receive, send)
             return
+        scope = self._json_by_default(scope, headers, path)
         try:
             body, size, disconnected = await asyncio.wait_for(self._read(receive),
                                                               self.body_timeout)
@@ -128,6 +129,16 @@ class Guard:
         return error_response(path, 415, f"unsupported Content-Type '{shown}': send the body "
                               "as JSON with 'Content-Type: application/json'",
                               code="unsupported_media_type")
+
+    @staticmethod
+    def _json_by_default(scope: Scope, headers: dict[str, bytes], path: str) -> Scope:
+        """A generation route's POST without a Content-Type, marked as JSON: the routes'
+        body parsing (FastAPI's strict content type) would otherwise not read it."""
+        if (scope.get("method") != "POST" or path.rstrip("/") not in JSON_ROUTES
+                or "content-type" in headers):
+            return scope
+        return {**scope, "headers": [*scope.get("headers", []),
+                                     (b"content-type", b"application/json")]}
 
     def _authorized(self, headers: dict[str, bytes]) -> bool:
         assert self.api_key is not None

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from specdecode.server.errors import APIError, shorten
 from specdecode.server.generation import (
@@ -51,7 +51,36 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
+# Other engines' fields that change the output (vLLM's and llama-server's extensions),
+# with their neutral value: any other value is refused, never ignored. Unknown fields
+# beyond these (metadata, store, ...) are ignored, as OpenAI's own optional fields.
+EXTENSIONS = {
+    "repetition_penalty": 1.0, "repeat_penalty": 1.0, "length_penalty": 1.0,
+    "min_tokens": 0, "stop_token_ids": None, "bad_words": None, "allowed_token_ids": None,
+    "guided_json": None, "guided_regex": None, "guided_choice": None,
+    "guided_grammar": None, "structured_outputs": None, "grammar": None,
+    "json_schema": None, "use_beam_search": False, "prompt_logprobs": None,
+    "logits_processors": None, "include_stop_str_in_output": False, "typical_p": 1.0,
+    "mirostat": 0, "tfs_z": 1.0, "dry_multiplier": 0.0, "xtc_probability": 0.0,
+    "n_probs": 0, "top_n_sigma": None,
+}
+
+
+def _neutral(value: object, neutral: object) -> bool:
+    """Whether an extension field's value asks for nothing (absent, null, empty, or its
+    neutral value)."""
+    if value is None or value == [] or value == {} or value == "":
+        return True
+    if neutral is None or isinstance(value, str):
+        return False
+    if isinstance(neutral, bool):
+        return value is neutral or (not isinstance(value, bool) and value == neutral)
+    return not isinstance(value, bool) and value == neutral
+
+
 class SamplingFields(Strict):
+    model_config = ConfigDict(strict=True, extra="allow")  # extras: EXTENSIONS checked
+
     model: str
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
@@ -127,6 +156,9 @@ def _refuse_unsupported(req: SamplingFields) -> None:
             (req.logprobs is not None, "logprobs", "logprobs are not supported"),
             ((req.best_of or 1) > 1, "best_of", "best_of > 1 is not supported"),
         ]
+    for name, value in (req.model_extra or {}).items():
+        if name in EXTENSIONS and not _neutral(value, EXTENSIONS[name]):
+            checks.append((True, name, f"{name} is not supported"))
     for bad, param, message in checks:
         if bad:
             raise APIError(400, message, param=param)

@@ -111,12 +111,8 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
         head, wt, wv, scale, tokens = _eagle_setup(trained_on, paths[-n_val:], embed, lm_head,
                                                    stop_ids, target.config, layers, options)
     else:
-        train = data.load_shards(trained_on)
-        val = data.load_shards(paths[-n_val:])
-        d2t = fit.draft_vocabulary(train, options.draft_vocab, embed.shape[0], always=stop_ids)
-        head = fit.new_head(embed, lm_head.float(), d2t)
-        wt, wv = fit.Windows.of(train, options.depths), fit.Windows.of(val, options.depths)
-        tokens = int(sum(len(t) for t, _ in train))
+        head, wt, wv, tokens = _hidden_setup(trained_on, paths[-n_val:], embed, lm_head,
+                                             stop_ids, options)
     untrained = wv.acceptance(head)
     with data.StepBar(progress) as on_step:
         result = fit.fit(head, wt, wv, steps=options.steps, batch=options.batch,
@@ -139,6 +135,19 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     plot_curve(result.curve, out / "curve.png")
     return summary
+
+
+def _hidden_setup(trained_on: list[Path], val_paths: list[Path], embed: torch.Tensor,  # [V, H]
+                  lm_head: torch.Tensor,  # [V, H]
+                  stop_ids: tuple[int, ...], options: RunOptions) -> tuple:
+    """(head, training windows, validation windows, training tokens) of a final-state
+    head: its draft vocabulary from the training answers' token frequencies."""
+    train = data.load_shards(trained_on)
+    val = data.load_shards(val_paths)
+    d2t = fit.draft_vocabulary(train, options.draft_vocab, embed.shape[0], always=stop_ids)
+    head = fit.new_head(embed, lm_head.float(), d2t)
+    wt, wv = fit.Windows.of(train, options.depths), fit.Windows.of(val, options.depths)
+    return head, wt, wv, int(sum(len(t) for t, _ in train))
 
 
 # Beside the shards: the head's weights, gradients and Adam's two moments (4x the
