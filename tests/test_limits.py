@@ -18,6 +18,7 @@ from specdecode.costs import cached_costs
 from specdecode.llm import LLM
 from specdecode.models import PRESETS, Transformer
 from specdecode.models import loading as loading_module
+from specdecode.options import MIN_CONTEXT
 
 GIB = 1 << 30
 
@@ -53,7 +54,7 @@ def test_llm_load_rejects_sizes_before_loading(kw, needle, no_loading):
 def test_sizes_that_fit_pass_the_checks():
     path = real.path("smollm2-135m")
     for kw in ({"k": 8190}, {"max_seq_len": 8192, "k": 64},
-               {"max_seq_len": limits.MIN_CONTEXT, "k": limits.MIN_CONTEXT - 2}):
+               {"max_seq_len": MIN_CONTEXT, "k": MIN_CONTEXT - 2}):
         limits.check_load(str(path), dtype="float32", device="cpu", backend="torch",
                           **{"k": None, "max_seq_len": None, **kw})
 

@@ -28,8 +28,8 @@ def test_a_cpu_without_avx2_is_refused_in_one_line_before_anything_is_built(
         monkeypatch, tmp_path, capsys):
     from specdecode import cli
 
-    assert build.missing_features({"sse4_2", "avx"}, "x86_64") == ["avx2", "fma", "f16c"]
-    assert build.missing_features({"avx", "avx2", "fma", "f16c"}, "x86_64") == []
+    assert build.missing_features({"sse4_2", "avx"}, "x86_64") == ["avx2", "fma", "f16c", "bmi2"]
+    assert build.missing_features({"avx", "avx2", "fma", "f16c", "bmi2"}, "x86_64") == []
     assert build.missing_features({"asimd"}, "aarch64") == []  # not an x86 build
     assert build.missing_features(set(), "x86_64") == []  # flags unreadable: not judged
     monkeypatch.setenv("SPECDECODE_CACHE", str(tmp_path))
@@ -39,7 +39,7 @@ def test_a_cpu_without_avx2_is_refused_in_one_line_before_anything_is_built(
         AssertionError("nothing may be downloaded")))
     assert cli.main(["build-llama-cpp"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "AVX2, FMA, F16C" in err[0] and "--backend torch" in err[0]
+    assert len(err) == 1 and "AVX2, FMA, F16C, BMI2" in err[0] and "--backend torch" in err[0]
 
 
 def test_build_folder_is_per_version_and_isa(tmp_path, monkeypatch):

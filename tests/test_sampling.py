@@ -87,6 +87,7 @@ def test_extreme_values_stay_finite():
 def test_one_stop_string_is_a_stop_string_not_its_characters():
     """As the OpenAI API reads `stop`: "xe" once stopped generation at any "x" or "e"."""
     assert SamplingParams(stop="xe").stop == ("xe",)
-    assert SamplingParams(stop=["a", "bc"]).stop == ["a", "bc"]
+    assert SamplingParams(stop=["a", "bc"]).stop == ("a", "bc")
+    hash(SamplingParams(stop=["a"]))  # frozen and hashable, as its fields say
     with pytest.raises(ValueError, match="non-empty strings"):
         SamplingParams(stop="")

@@ -352,6 +352,24 @@ def test_extensions_at_their_neutral_value_and_unknown_fields_pass(http):
     assert r.status_code == 200, r.text
 
 
+def test_a_template_that_refuses_the_messages_is_a_400_saying_why(monkeypatch):
+    """A strict template's raise_exception: the 400 says what the template said, once."""
+    llm = smol_llm()
+    assert llm.tokenizer.control_tokens  # cached from the real template
+    monkeypatch.setattr(llm.tokenizer.hf, "chat_template", (
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('roles must alternate') }}"
+        "{% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}"))
+    with ThreadServer(llm, model_name=NAME) as s, client(s.url) as http:
+        r = send(http, "POST", "/v1/chat/completions",
+                 CHAT | {"messages": [{"role": "assistant", "content": "x"}]})
+        assert r.status_code == 400, r.text
+        message = r.json()["error"]["message"]
+        assert message == "the chat template refused these messages: roles must alternate"
+        r = send(http, "POST", "/v1/messages", ANT | {"messages": [
+            {"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]})
+        assert r.status_code == 400 and "roles must alternate" in r.json()["error"]["message"]
+
+
 def _read_until_closed(sock: socket.socket) -> bytes:
     """The whole reply: the server closes the connection after its 408."""
     chunks = []

@@ -38,6 +38,7 @@ def _int(text: str) -> int:
 
 
 def _float(text: str) -> float:
+    """A number flag's value (see _int)."""
     try:
         return float(text)
     except ValueError:
@@ -66,6 +67,7 @@ def _positive_float(text: str) -> float:
 
 
 def _non_negative_float(text: str) -> float:
+    """A finite number >= 0 (a temperature)."""
     value = _float(text)
     if not 0 <= value < float("inf"):  # also false for nan
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
@@ -87,6 +89,7 @@ def _probability(text: str) -> float:
 
 
 def _top_p(text: str) -> float:
+    """A number in (0, 1] (nucleus sampling's mass)."""
     value = _float(text)
     if not 0.0 < value <= 1.0:  # also false for nan
         raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text}")
@@ -97,8 +100,8 @@ ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'"}
 
 
 def unescape(text: str) -> str:
-    r"""Backslash escapes as llama.cpp's CLI reads them (\n, \t, \r, \\, \", \'), so
-    `--stop "\n\n"` is two newlines; any other backslash stays as it is."""
+    r"""The backslash escapes \n, \t, \r, \\, \" and \' (llama.cpp's CLI reads these and
+    \xNN), so `--stop "\n\n"` is two newlines; any other backslash stays as it is."""
     out, i = [], 0
     while i < len(text):
         nxt = text[i + 1] if i + 1 < len(text) else ""
@@ -166,7 +169,8 @@ def _load_arguments() -> dict[str, tuple[tuple[str, ...], dict]]:
         "device": (("--device",), dict(default="cpu", help="cpu, cuda, cuda:1, ...")),
         "max_seq_len": (("--max-context",), dict(
             type=_positive_int, metavar="MAX_CONTEXT",
-            help="KV cache size in tokens (default: min(model context, 8192))")),
+            help="KV cache size in tokens, at least 16 (default: min(model context, "
+                 "8192))")),
         "backend": (("--backend",), dict(
             choices=BACKENDS, help="llama.cpp: GGUF files on CPU with their own quantised "
             "weights (specdecode build-llama-cpp); torch: the PyTorch model, any device, "
@@ -203,8 +207,8 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", "-n", type=_positive_int, default=256)
     p.add_argument("--seed", type=_seed, default=None)
     p.add_argument("--stop", action="append", default=[], type=unescape,
-                   help="stop string (repeatable; \\n, \\t, \\r, \\\\ are escapes, as "
-                        "in llama.cpp)")
+                   help="stop string (repeatable; \\n, \\t, \\r, \\\\, \\\", \\' are "
+                        "escapes, as in llama.cpp)")
     p.add_argument("--ignore-eos", action="store_true")
 
 
@@ -325,9 +329,10 @@ def build_parser() -> Parser:
 
     _train_parser(sub)
     p = sub.add_parser("build-llama-cpp",
-                       help="build llama.cpp for this x86-64 CPU (needs AVX2 and FMA; adds "
-                            "AVX-512 and VNNI where present; never AMX) into the cache; the "
-                            "llama.cpp backend then loads it (about 9 min on 2 cores, once)")
+                       help="build llama.cpp for this x86-64 CPU (needs AVX2, FMA, F16C, "
+                            "BMI2; adds AVX-512 and VNNI where present; never AMX) into the "
+                            "cache; the llama.cpp backend then loads it (about 9 min on 2 "
+                            "cores, once)")
     p.add_argument("-j", "--jobs", type=_positive_int, default=None)
 
     from specdecode.bench import cli as bench_cli
@@ -421,19 +426,14 @@ def _read_messages(path: Path) -> list[dict]:
     return [_message(m, i) for i, m in enumerate(messages)]
 
 
-ROLES = ("system", "developer", "user", "assistant")  # as the server's chat route
-
-
 def _message(m: object, i: int) -> dict:
-    """One message as {role, content}: a role of ROLES ("developer" read as "system"),
-    content a string or text parts (joined). Other keys are dropped, as the server
-    drops them: only the content is text the template sees, so nothing else a file
-    holds (a role, a tool call's name) can put control tokens into the prompt."""
+    """One message as {role, content}, by the tokenizer's rule (text.chat_message: a
+    role of text.ROLES, other keys dropped, text parts joined); a malformed one is a
+    UserError naming it, before any model is loaded."""
+    from specdecode import text
+
     if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
         raise UserError(f"message {i} must be an object with a string 'role' and a 'content'")
-    if m["role"] not in ROLES:
-        raise UserError(f"message {i} has role {m['role'][:40]!r}; the roles are "
-                        f"{', '.join(ROLES)}")
     content = m["content"]
     if isinstance(content, list):
         for j, part in enumerate(content):
@@ -441,11 +441,13 @@ def _message(m: object, i: int) -> dict:
                     and isinstance(part.get("text"), str)):
                 raise UserError(f"message {i} content part {j}: only text parts "
                                 "({\"type\": \"text\", \"text\": ...}) are supported")
-        content = "".join(part["text"] for part in content)
-    if not isinstance(content, str):
+    elif not isinstance(content, str):
         raise UserError(f"message {i} content must be a string or a list of text parts, "
                         f"got {type(content).__name__}")
-    return {"role": "system" if m["role"] == "developer" else m["role"], "content": content}
+    try:
+        return text.chat_message(m, i)
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
 
 def _check_prompt(args) -> None:

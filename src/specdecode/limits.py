@@ -41,9 +41,6 @@ def _positive_int(value: object, name: str) -> int:
     return value
 
 
-MIN_CONTEXT = 16  # the smallest context LLM.load takes (the cost curve measures in it too)
-
-
 def check_context(max_seq_len: object, trained: int, model: str = "the model") -> int:
     """max_seq_len if it is an integer in 1..trained, else OptionError (options.py)."""
     size = _positive_int(max_seq_len, "max_seq_len")
@@ -154,9 +151,8 @@ def check_load(target: str, *, k: int | None, max_seq_len: int | None, dtype: st
     convenience, unused. Raises ValueError."""
     from specdecode.models import registry
 
-    if max_seq_len is not None and _positive_int(max_seq_len, "max_seq_len") < MIN_CONTEXT:
-        raise OptionError(f"<max_seq_len> must be at least {MIN_CONTEXT} tokens (a prompt, "
-                          f"the answer and a draft), got {max_seq_len}")
+    if max_seq_len is not None:
+        _positive_int(max_seq_len, "max_seq_len")
     path = registry.resolve(target)
     cfg = model_config(path)
     if cfg is None:

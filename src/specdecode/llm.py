@@ -152,8 +152,9 @@ class LLM:
 
     @classmethod
     def from_spec(cls, spec: LoadSpec, facts: Facts | None = None) -> LLM:
-        """Check the device and sizes (limits.py), resolve the plan (plan.py), refuse it if its
-        memory plan does not fit (memory.py), load its models and build it."""
+        """Check the device (options.py) and sizes (limits.py), resolve the plan (plan.py),
+        refuse it if its memory plan does not fit (memory.py), load its models and build
+        it."""
         from specdecode import limits
         from specdecode.memory import plan_memory
         from specdecode.options import check_device

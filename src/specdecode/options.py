@@ -24,6 +24,8 @@ BACKENDS = ("auto", "torch", "llama.cpp")
 DRAFT_QUANTS = ("auto", "int8", "none")
 DTYPES = ("bfloat16", "float32", "float16", "bf16", "fp32", "fp16")
 
+MIN_CONTEXT = 16  # the smallest max_seq_len a load takes (its cost curve measures in it)
+
 # How a message names an option when no front end renames it (the API's own names).
 API_NAMES = {"k": "k (num_speculative_tokens)"}
 _MARK = re.compile(r"<(\w+)>")
@@ -73,8 +75,9 @@ class LoadSpec:
     requests; eagle3: drafters/eagle.py, torch backend).
     k: draft tokens per step (0: plain decoding). backend: auto | torch | llama.cpp
     (None: $SPECDECODE_BACKEND, else auto). dtype, device: the torch backend's.
-    max_seq_len: KV cache size in tokens. ngram_max / ngram_min: n-gram lengths
-    looked up. draft_quant: auto | int8 | none. draft_confidence: in [0, 1].
+    max_seq_len: KV cache size in tokens (at least MIN_CONTEXT). ngram_max /
+    ngram_min: n-gram lengths looked up. draft_quant: auto | int8 | none.
+    draft_confidence: in [0, 1].
     adaptive: the closed-loop engine (None: from the target's cost curve).
     head: a trained head's folder (drafter hidden-head: drafters/hidden_head.py;
     eagle3: drafters/eagle.py, ours or in the speculators format; trained by
@@ -123,6 +126,9 @@ def _check_numbers(s: LoadSpec) -> None:
         raise OptionError(f"<k> must be an integer >= 0, got {s.k!r}")
     if s.max_seq_len is not None and not _int_at_least(s.max_seq_len, 1):
         raise OptionError(f"<max_seq_len> must be an integer >= 1, got {s.max_seq_len!r}")
+    if s.max_seq_len is not None and s.max_seq_len < MIN_CONTEXT:
+        raise OptionError(f"<max_seq_len> must be at least {MIN_CONTEXT} tokens (a prompt, "
+                          f"the answer and a draft), got {s.max_seq_len}")
     if s.ngram_max is not None and not _int_at_least(s.ngram_max, 1):
         raise OptionError(f"<ngram_max> must be an integer >= 1, got {s.ngram_max!r}")
     if not _int_at_least(s.ngram_min, 1):

@@ -53,8 +53,9 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):  # not its characters
-            object.__setattr__(self, "stop", (self.stop,))
+        # one string is one stop string (not its characters); a list becomes a tuple
+        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str)
+                           else tuple(self.stop))
         _check(_is_number(self.temperature), "temperature must be a number")
         _check(math.isfinite(self.temperature) and self.temperature >= 0,
                f"temperature must be >= 0, got {self.temperature}")

@@ -127,21 +127,24 @@ class Tokenizer:
     def chat(self, messages: Sequence[dict]) -> list[int]:
         """A conversation through the chat template, ready for the assistant's turn.
 
-        Content is a string or a list of text parts ({"type": "text", "text": ...},
-        joined). It is tokenized as literal text; only the template's markup
-        produces control tokens. A conversation without control-token text gets
+        Each message is {role, content}: a role of ROLES ("developer" read as
+        "system"), content a string or a list of text parts ({"type": "text",
+        "text": ...}, joined); other keys are dropped (a tool call's name, say,
+        is text the template would splice in unescaped), other roles are a
+        ValueError. Content is tokenized as literal text; only the template's
+        markup produces control tokens. A conversation without control-token text gets
         exactly the ids of the plain template rendering. A template that raises
         (roles it refuses, say) is a ValueError."""
         if not self.has_chat_template:
             raise ValueError("this model has no chat template; give a raw prompt instead")
-        messages = [_message(m, i) for i, m in enumerate(messages)]
+        messages = [chat_message(m, i) for i, m in enumerate(messages)]
         escape = _Escape(self.control_tokens, [m["content"] for m in messages])
+        escaped = [m | {"content": escape(m["content"])} for m in messages]
         try:
-            text = self.hf.apply_chat_template(
-                [m | {"content": escape(m["content"])} for m in messages],
-                tokenize=False, add_generation_prompt=True)
+            text = self.hf.apply_chat_template(escaped, tokenize=False,
+                                               add_generation_prompt=True)
         except Exception as e:  # the template's own checks (roles, order) or its errors
-            raise ValueError(f"the chat template refused these messages: {e}") from None
+            raise TemplateRefused(f"the chat template refused these messages: {e}") from None
         markup, literal = escape.split(text)
         if not literal:
             return list(self.hf.encode(text, add_special_tokens=False))
@@ -156,10 +159,22 @@ class Tokenizer:
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
 
-def _message(m: object, i: int) -> dict:
-    """A message with string content (text parts joined); ValueError if malformed."""
+ROLES = ("system", "developer", "user", "assistant")  # as the server's chat route
+
+
+class TemplateRefused(ValueError):
+    """The chat template raised on these messages (its message says why)."""
+
+
+def chat_message(m: object, i: int) -> dict:
+    """{role, content} of message i: content a string (text parts joined), role one
+    of ROLES ("developer" read as "system"); other keys dropped. ValueError if
+    malformed."""
     if not isinstance(m, dict) or "role" not in m or "content" not in m:
         raise ValueError(f"message {i} must be an object with 'role' and 'content'")
+    if m["role"] not in ROLES:
+        raise ValueError(f"message {i} has role {str(m['role'])[:40]!r}; the roles are "
+                         f"{', '.join(ROLES)}")
     content = m["content"]
     if isinstance(content, list) and all(
             isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
@@ -168,7 +183,7 @@ def _message(m: object, i: int) -> dict:
     if not isinstance(content, str):
         raise ValueError(f"message {i}: 'content' must be a string or a list of text parts "
                          "({\"type\": \"text\", \"text\": ...})")
-    return dict(m, content=content)
+    return {"role": "system" if m["role"] == "developer" else m["role"], "content": content}
 
 
 class _Escape:

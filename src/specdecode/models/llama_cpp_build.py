@@ -59,7 +59,7 @@ def cmake_options(flags: set[str]) -> tuple[str, list[str]]:
     return isa, opts
 
 
-REQUIRED = ("avx2", "fma", "f16c")  # what cmake_options turns on unconditionally
+REQUIRED = ("avx", "avx2", "fma", "f16c", "bmi2")  # what cmake_options turns on for any CPU
 
 
 def missing_features(flags: set[str], machine: str | None = None) -> list[str]:

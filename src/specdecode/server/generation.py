@@ -56,7 +56,9 @@ class ServerContext:
                            param=param)
         try:
             ids = await asyncio.to_thread(self.llm.encode, messages=messages)
-        except Exception as e:  # template errors (e.g. roles the template refuses)
+        except ValueError as e:  # text.TemplateRefused (roles the template refuses), ...
+            raise APIError(400, str(e), param=param) from None
+        except Exception as e:  # any other failure of the template
             raise APIError(400, f"the chat template refused these messages: {e}",
                            param=param) from None
         return self.check_prompt(ids, param)

@@ -55,21 +55,34 @@ class StreamOptions(Strict):
 # with their neutral value: any other value is refused, never ignored. Unknown fields
 # beyond these (metadata, store, ...) are ignored, as OpenAI's own optional fields.
 EXTENSIONS = {
-    "repetition_penalty": 1.0, "repeat_penalty": 1.0, "length_penalty": 1.0,
-    "min_tokens": 0, "stop_token_ids": None, "bad_words": None, "allowed_token_ids": None,
+    # vLLM
+    "repetition_penalty": 1.0, "length_penalty": 1.0, "min_tokens": 0,
+    "stop_token_ids": None, "bad_words": None, "allowed_token_ids": None,
     "guided_json": None, "guided_regex": None, "guided_choice": None,
-    "guided_grammar": None, "structured_outputs": None, "grammar": None,
-    "json_schema": None, "use_beam_search": False, "prompt_logprobs": None,
-    "logits_processors": None, "include_stop_str_in_output": False, "typical_p": 1.0,
-    "mirostat": 0, "tfs_z": 1.0, "dry_multiplier": 0.0, "xtc_probability": 0.0,
-    "n_probs": 0, "top_n_sigma": None,
+    "guided_grammar": None, "structured_outputs": None, "use_beam_search": False,
+    "prompt_logprobs": None, "logits_processors": None,
+    "include_stop_str_in_output": False, "skip_special_tokens": True,
+    "spaces_between_special_tokens": True, "chat_template": None,
+    "chat_template_kwargs": None, "add_generation_prompt": True,
+    "continue_final_message": False, "truncate_prompt_tokens": None,
+    # llama-server (the samplers below are off at any value <= 0: OFF_AT_OR_BELOW_0)
+    "repeat_penalty": 1.0, "grammar": None, "json_schema": None, "typical_p": 1.0,
+    "tfs_z": 1.0, "mirostat": 0, "dry_multiplier": 0.0, "xtc_probability": 0.0,
+    "dynatemp_range": 0.0, "top_n_sigma": -1.0, "n_probs": 0, "n_predict": -1,
+    "samplers": None,
 }
+OFF_AT_OR_BELOW_0 = frozenset({"mirostat", "dry_multiplier", "xtc_probability",
+                               "dynatemp_range", "top_n_sigma", "n_probs"})
 
 
-def _neutral(value: object, neutral: object) -> bool:
-    """Whether an extension field's value asks for nothing (absent, null, empty, or its
-    neutral value)."""
+def _neutral(name: str, value: object) -> bool:
+    """Whether extension field `name`'s value asks for nothing (null, empty, its neutral
+    value, or <= 0 for a sampler that is off there)."""
+    neutral = EXTENSIONS[name]
     if value is None or value == [] or value == {} or value == "":
+        return True
+    if name in OFF_AT_OR_BELOW_0 and isinstance(value, int | float) and not isinstance(
+            value, bool) and value <= 0:
         return True
     if neutral is None or isinstance(value, str):
         return False
@@ -157,7 +170,7 @@ def _refuse_unsupported(req: SamplingFields) -> None:
             ((req.best_of or 1) > 1, "best_of", "best_of > 1 is not supported"),
         ]
     for name, value in (req.model_extra or {}).items():
-        if name in EXTENSIONS and not _neutral(value, EXTENSIONS[name]):
+        if name in EXTENSIONS and not _neutral(name, value):
             checks.append((True, name, f"{name} is not supported"))
     for bad, param, message in checks:
         if bad:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from specdecode.drafters.eagle import Eagle3Config
+from specdecode.drafters.hidden_head import HiddenStateHead
 from specdecode.models.base import FINAL_LAYER
 from specdecode.train import data, eagle_fit, fit, passages, self_prompts
 from specdecode.train.heap import release_freed
@@ -139,7 +140,8 @@ def distil(target, encode: Callable[[str], list[int]], embed: torch.Tensor,  # [
 
 def _hidden_setup(trained_on: list[Path], val_paths: list[Path], embed: torch.Tensor,  # [V, H]
                   lm_head: torch.Tensor,  # [V, H]
-                  stop_ids: tuple[int, ...], options: RunOptions) -> tuple:
+                  stop_ids: tuple[int, ...], options: RunOptions,
+                  ) -> tuple[HiddenStateHead, fit.Windows, fit.Windows, int]:
     """(head, training windows, validation windows, training tokens) of a final-state
     head: its draft vocabulary from the training answers' token frequencies."""
     train = data.load_shards(trained_on)
