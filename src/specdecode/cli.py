@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from specdecode import options
 from specdecode.sampling import SamplingParams
 
 DEMO_PROMPT = ("Write a Python function `is_palindrome(s: str) -> bool` that ignores case "
@@ -427,23 +428,11 @@ def _read_messages(path: Path) -> list[dict]:
 
 
 def _message(m: object, i: int) -> dict:
-    """One message as {role, content}, by the tokenizer's rule (text.chat_message: a
-    role of text.ROLES, other keys dropped, text parts joined); a malformed one is a
+    """One message by the tokenizer's rule (text.chat_message: {role, content}, a role
+    of text.ROLES, other keys dropped, text parts joined); a malformed one is a
     UserError naming it, before any model is loaded."""
     from specdecode import text
 
-    if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
-        raise UserError(f"message {i} must be an object with a string 'role' and a 'content'")
-    content = m["content"]
-    if isinstance(content, list):
-        for j, part in enumerate(content):
-            if not (isinstance(part, dict) and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)):
-                raise UserError(f"message {i} content part {j}: only text parts "
-                                "({\"type\": \"text\", \"text\": ...}) are supported")
-    elif not isinstance(content, str):
-        raise UserError(f"message {i} content must be a string or a list of text parts, "
-                        f"got {type(content).__name__}")
     try:
         return text.chat_message(m, i)
     except ValueError as e:
@@ -461,14 +450,6 @@ def _check_prompt(args) -> None:
             args.prompt.encode("utf-8")
         except UnicodeEncodeError:  # argv bytes that were not UTF-8 (surrogate escapes)
             raise UserError("the prompt is not valid UTF-8 text") from None
-
-
-def check_device(device: str) -> None:
-    """A device this torch can use, checked before any model is loaded (options.py's
-    check; its OptionError is printed with the flag's name)."""
-    from specdecode.options import check_device as check
-
-    check(device)
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -493,7 +474,7 @@ def cmd_generate(args) -> int:
 
     params = _params(args)  # validate before loading anything
     _check_prompt(args)
-    check_device(args.device)
+    options.check_device(args.device)
     messages = _read_messages(args.messages) if args.messages else None
     llm = LLM.from_spec(load_spec(args))
     prompt_ids = llm.encode(args.prompt, messages, chat=args.chat)
@@ -584,7 +565,7 @@ def cmd_serve(args) -> int:
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be in 0..65535, got {args.port}")
-    check_device(args.device)
+    options.check_device(args.device)
     check_port_free(args.host, args.port)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"specdecode: warning: serving on {args.host} without --api-key",
@@ -621,7 +602,7 @@ def cmd_advise(args) -> int:
 def cmd_check(args) -> int:
     from specdecode.check.cli import cmd_check as run
 
-    check_device(args.device)
+    options.check_device(args.device)
     return run(args, load_spec(args))
 
 

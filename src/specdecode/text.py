@@ -167,22 +167,25 @@ class TemplateRefused(ValueError):
 
 
 def chat_message(m: object, i: int) -> dict:
-    """{role, content} of message i: content a string (text parts joined), role one
-    of ROLES ("developer" read as "system"); other keys dropped. ValueError if
-    malformed."""
-    if not isinstance(m, dict) or "role" not in m or "content" not in m:
-        raise ValueError(f"message {i} must be an object with 'role' and 'content'")
+    """{role, content} of message i: role a string of ROLES ("developer" read as
+    "system"), content a string or a list of text parts (joined); other keys dropped.
+    A malformed message is a ValueError naming it (and the part)."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+        raise ValueError(f"message {i} must be an object with a string 'role' and a 'content'")
     if m["role"] not in ROLES:
-        raise ValueError(f"message {i} has role {str(m['role'])[:40]!r}; the roles are "
+        raise ValueError(f"message {i} has role {m['role'][:40]!r}; the roles are "
                          f"{', '.join(ROLES)}")
     content = m["content"]
-    if isinstance(content, list) and all(
-            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-            for p in content):
-        content = "".join(p["text"] for p in content)
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise ValueError(f"message {i} content part {j}: only text parts "
+                                 "({\"type\": \"text\", \"text\": ...}) are supported")
+        content = "".join(part["text"] for part in content)
     if not isinstance(content, str):
-        raise ValueError(f"message {i}: 'content' must be a string or a list of text parts "
-                         "({\"type\": \"text\", \"text\": ...})")
+        raise ValueError(f"message {i} content must be a string or a list of text parts, "
+                         f"got {type(content).__name__}")
     return {"role": "system" if m["role"] == "developer" else m["role"], "content": content}
 
 

@@ -28,6 +28,11 @@ JSON_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
 DRAIN_FACTOR = 8  # read (and drop) up to this many times the limit before a 413
 
 
+def _json_post(scope: Scope, path: str) -> bool:
+    """Whether this request is a POST to a generation route (whose body is JSON)."""
+    return scope.get("method") == "POST" and path.rstrip("/") in JSON_ROUTES
+
+
 class Guard:
     def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int,
                  metrics: Metrics | None, body_timeout: float = 20.0) -> None:
@@ -117,7 +122,7 @@ class Guard:
     @staticmethod
     def _refuse_content_type(scope: Scope, headers: dict[str, bytes], path: str):
         """A 415 response for a non-JSON body on a generation route, else None."""
-        if scope.get("method") != "POST" or path.rstrip("/") not in JSON_ROUTES:
+        if not _json_post(scope, path):
             return None
         raw = headers.get("content-type")
         if raw is None:
@@ -134,8 +139,7 @@ class Guard:
     def _json_by_default(scope: Scope, headers: dict[str, bytes], path: str) -> Scope:
         """A generation route's POST without a Content-Type, marked as JSON: the routes'
         body parsing (FastAPI's strict content type) would otherwise not read it."""
-        if (scope.get("method") != "POST" or path.rstrip("/") not in JSON_ROUTES
-                or "content-type" in headers):
+        if not _json_post(scope, path) or "content-type" in headers:
             return scope
         return {**scope, "headers": [*scope.get("headers", []),
                                      (b"content-type", b"application/json")]}
