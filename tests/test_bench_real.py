@@ -104,11 +104,15 @@ def test_cli_bench_json(tmp_path, capsys):
     (["bench", "-w", "missing.jsonl"], "workload file not found"),
     (["bench", "-k", "0"], "expected integers >= 1"),
     (["bench", "-k", "four"], "expected integers like 4,8"),
-    (["bench", "--temperatures", "-1"], "expected numbers >= 0"),
+    (["bench", "--temperatures", "-1"], "expected finite numbers >= 0"),
     (["bench", "--drafters", "medusa"], "unknown value 'medusa'"),
     (["bench", "--peers", "vllm"], "unknown value 'vllm'"),
-    (["advise", "--temperature", "-1"], "--temperature must be >= 0"),
-    (["bench", "--background-load", "-1"], "--background-load must be >= 0"),
+    (["bench", "--temperatures", "0,nan"], "expected finite numbers like 0,0.7"),
+    (["advise", "--temperature", "-1"], "--temperature: must be a finite number >= 0"),
+    (["advise", "--temperature", "nan"], "--temperature: must be a finite number"),
+    (["bench", "--background-load", "-1"], "--background-load: must be >= 0"),
+    (["bench", "--seed", "-3"], "--seed: must be in 0..2**64-1"),
+    (["check", "--seed", "x"], "--seed: must be an integer, got 'x'"),
     (["advise", "--max-draft-k", "0"], "must be >= 1"),
 ])
 def test_cli_bad_input_is_one_line(argv, message, capsys):

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from specdecode import options
+from specdecode import argtypes, options
 from specdecode.sampling import SamplingParams
 
 DEMO_PROMPT = ("Write a Python function `is_palindrome(s: str) -> bool` that ignores case "
@@ -27,74 +27,6 @@ class UserError(Exception):
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, no usage dump
         raise UserError(f"{self.prog}: {message}")
-
-
-def _int(text: str) -> int:
-    """An integer flag's value (argparse names the flag; the message says what is wrong,
-    not the converter's name)."""
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-
-
-def _float(text: str) -> float:
-    """A number flag's value (see _int)."""
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-
-
-def _non_negative_int(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = _float(text)
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    """A finite number >= 0 (a temperature)."""
-    value = _float(text)
-    if not 0 <= value < float("inf"):  # also false for nan
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
-def _seed(text: str) -> int:
-    value = _int(text)
-    if not 0 <= value < 2**64:
-        raise argparse.ArgumentTypeError(f"must be in 0..2**64-1, got {value}")
-    return value
-
-
-def _probability(text: str) -> float:
-    value = _float(text)
-    if not 0.0 <= value <= 1.0:  # also false for nan
-        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {text}")
-    return value
-
-
-def _top_p(text: str) -> float:
-    """A number in (0, 1] (nucleus sampling's mass)."""
-    value = _float(text)
-    if not 0.0 < value <= 1.0:  # also false for nan
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text}")
-    return value
 
 
 ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'"}
@@ -150,7 +82,7 @@ def _load_arguments() -> dict[str, tuple[tuple[str, ...], dict]]:
             "as pay for their verification (default: when the target's measured cost curve "
             "is steep: on for llama.cpp; off for torch unless a cached curve says so)")),
         "k": (("-k", "--num-speculative-tokens"), dict(
-            type=_non_negative_int, metavar="NUM_SPECULATIVE_TOKENS",
+            type=argtypes.non_negative_int, metavar="NUM_SPECULATIVE_TOKENS",
             help="draft tokens per step (0 = plain decoding; default 8 for a draft model; 16 "
                  "for n-gram and suffix lookup, 64 when adaptive and for auto; 3 for a trained "
                  "head, 4 when adaptive: the most it may draft)")),
@@ -159,17 +91,19 @@ def _load_arguments() -> dict[str, tuple[tuple[str, ...], dict]]:
             "bf16 draft's bytes per draft token (auto: int8 on CPU with bfloat16 or float16, "
             "none otherwise; torch backend); never changes the output")),
         "draft_confidence": (("--draft-confidence",), dict(
-            type=_probability, default=0.3, help="stop a draft after a token the draft model "
-            "gave less than this probability (0 = always draft k; default %(default)s)")),
+            type=argtypes.probability, default=0.3,
+            help="stop a draft after a token the draft model gave less than this "
+                 "probability (0 = always draft k; default %(default)s)")),
         "ngram_max": (("--ngram-max",), dict(
-            type=_positive_int, help="longest n-gram to look up (default 3; 8 when adaptive)")),
-        "ngram_min": (("--ngram-min",), dict(type=_positive_int, default=1)),
+            type=argtypes.positive_int,
+            help="longest n-gram to look up (default 3; 8 when adaptive)")),
+        "ngram_min": (("--ngram-min",), dict(type=argtypes.positive_int, default=1)),
         "dtype": (("--dtype",), dict(choices=["bfloat16", "float32", "float16"],
                                      default="bfloat16",
                                      help="torch backend weights (default %(default)s)")),
         "device": (("--device",), dict(default="cpu", help="cpu, cuda, cuda:1, ...")),
         "max_seq_len": (("--max-context",), dict(
-            type=_positive_int, metavar="MAX_CONTEXT",
+            type=argtypes.positive_int, metavar="MAX_CONTEXT",
             help="KV cache size in tokens, at least 16 (default: min(model context, "
                  "8192))")),
         "backend": (("--backend",), dict(
@@ -200,13 +134,13 @@ def load_spec(args: argparse.Namespace, **overrides):
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", "--temp", type=_non_negative_float, default=0.0,
+    p.add_argument("--temperature", "--temp", type=argtypes.non_negative_float, default=0.0,
                    help="0 (the default): greedy; > 0 samples")
-    p.add_argument("--top-p", type=_top_p, default=1.0)
-    p.add_argument("--top-k", type=_non_negative_int, default=0)
-    p.add_argument("--min-p", type=_probability, default=0.0)
-    p.add_argument("--max-tokens", "-n", type=_positive_int, default=256)
-    p.add_argument("--seed", type=_seed, default=None)
+    p.add_argument("--top-p", type=argtypes.top_p, default=1.0)
+    p.add_argument("--top-k", type=argtypes.non_negative_int, default=0)
+    p.add_argument("--min-p", type=argtypes.probability, default=0.0)
+    p.add_argument("--max-tokens", "-n", type=argtypes.positive_int, default=256)
+    p.add_argument("--seed", type=argtypes.seed, default=None)
     p.add_argument("--stop", action="append", default=[], type=unescape,
                    help="stop string (repeatable; \\n, \\t, \\r, \\\\, \\\", \\' are "
                         "escapes, as in llama.cpp)")
@@ -219,47 +153,47 @@ def _train_parser(sub) -> None:
     add_load_args(p, without=("draft_model", "drafter", "k", "adaptive", "draft_quant",
                               "draft_confidence", "ngram_max", "ngram_min", "head"))
     p.add_argument("--out", type=Path, required=True, help="folder for the trained head")
-    p.add_argument("--prompts", type=_positive_int, default=200)
-    p.add_argument("--max-new-tokens", type=_positive_int, default=192)
-    p.add_argument("--steps", type=_positive_int, default=600)
-    p.add_argument("--batch", type=_positive_int, default=256)
-    p.add_argument("--draft-vocab", type=_positive_int, default=8192)
+    p.add_argument("--prompts", type=argtypes.positive_int, default=200)
+    p.add_argument("--max-new-tokens", type=argtypes.positive_int, default=192)
+    p.add_argument("--steps", type=argtypes.positive_int, default=600)
+    p.add_argument("--batch", type=argtypes.positive_int, default=256)
+    p.add_argument("--draft-vocab", type=argtypes.positive_int, default=8192)
     p.add_argument("--drafter", choices=("hidden-head", "eagle3"), default="hidden-head",
                    help="hidden-head: reads the final state (any backend); eagle3: one "
                    "decoder layer over three inner layers' states (torch backend)")
-    p.add_argument("--context", type=_positive_int, default=256,
+    p.add_argument("--context", type=argtypes.positive_int, default=256,
                    help="eagle3: prompt positions kept before each answer")
-    p.add_argument("--answer-batch", type=_positive_int, default=1,
+    p.add_argument("--answer-batch", type=argtypes.positive_int, default=1,
                    help="prompts answered at once (one pass steps them all; the gain is the "
                    "CPU's: 16 at a time 5.7x the tokens/s on an AVX-512 BF16 Zen 5, a "
                    "64-row pass 4.4x a step's on an AVX2 Zen 3)")
-    p.add_argument("--lr", type=_positive_float, default=1e-3,
+    p.add_argument("--lr", type=argtypes.positive_float, default=1e-3,
                    help="AdamW's peak learning rate (cosine schedule); an eagle3 head on a "
                    "1.5B target wants ~2e-4 (1e-3 collapsed to one token here)")
-    p.add_argument("--val-prompts", type=_positive_int, default=None,
+    p.add_argument("--val-prompts", type=argtypes.positive_int, default=None,
                    help="validation prompts, answered first (default: 10%% of --prompts)")
-    p.add_argument("--train-minutes", type=_positive_float, default=None,
+    p.add_argument("--train-minutes", type=argtypes.positive_float, default=None,
                    help="training's time budget (--steps cut to what fits it)")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                    help="the training loss in float32 or under bfloat16 autocast "
                    "(float32 weights; bf16 is ~3x faster on CPUs with AVX-512 BF16 or AMX)")
-    p.add_argument("--head-intermediate", type=_positive_int, default=None,
+    p.add_argument("--head-intermediate", type=argtypes.positive_int, default=None,
                    help="eagle3: the head's MLP width (default: the target's; a narrower "
                    "head trains more steps in the same time and drafts for less)")
-    p.add_argument("--collect-minutes", type=_positive_float, default=None,
+    p.add_argument("--collect-minutes", type=argtypes.positive_float, default=None,
                    help="answer no new prompt after this long (the validation prompts "
                    "come first; the training set is what was answered by then)")
-    p.add_argument("--answers-per-prompt", type=_positive_int, default=1,
+    p.add_argument("--answers-per-prompt", type=argtypes.positive_int, default=1,
                    help="eagle3: answers to each training prompt from one prefill of it: "
                    "the greedy one, then sampled ones (labelled with the target's greedy "
                    "tokens); needs --answer-batch at least this")
-    p.add_argument("--sample-temperature", type=_positive_float, default=0.8,
+    p.add_argument("--sample-temperature", type=argtypes.positive_float, default=0.8,
                    help="the sampled answers' temperature")
-    p.add_argument("--self-prompts", type=_non_negative_int, default=0,
+    p.add_argument("--self-prompts", type=argtypes.non_negative_int, default=0,
                    help="also train on this many requests the target writes itself from "
                    "its chat template's user turn (writing, role-play, advice...: what the "
                    "training sets lack), answered greedily after the validation prompts")
-    p.add_argument("--passages", type=_non_negative_int, default=0,
+    p.add_argument("--passages", type=argtypes.non_negative_int, default=0,
                    help="eagle3: also train on this many passages the target did not write "
                    "(standard-library source and the language reference, labelled with the "
                    "target's greedy tokens): one pass each, several times the tokens/s of "
@@ -279,7 +213,8 @@ def _train_parser(sub) -> None:
                    "(default: the registry target's hub name)")
     p.add_argument("--architecture", default=None,
                    help="the target's HF architecture (default: the registry target's)")
-    p.add_argument("-k", "--num-speculative-tokens", dest="k", type=_positive_int, default=3)
+    p.add_argument("-k", "--num-speculative-tokens", dest="k", type=argtypes.positive_int,
+                   default=3)
 
 
 def build_parser() -> Parser:
@@ -303,9 +238,9 @@ def build_parser() -> Parser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("demo", help="pull the default pair and run a chat prompt vs plain")
-    p.add_argument("--max-tokens", "-n", type=_positive_int, default=128)
+    p.add_argument("--max-tokens", "-n", type=argtypes.positive_int, default=128)
     p.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], default="bfloat16")
-    p.add_argument("-k", "--num-speculative-tokens", type=_non_negative_int, default=None,
+    p.add_argument("-k", "--num-speculative-tokens", type=argtypes.non_negative_int, default=None,
                    help="draft tokens per step at most (default: the backend's default)")
     p.add_argument("--json", action="store_true")
 
@@ -313,14 +248,14 @@ def build_parser() -> Parser:
     add_load_args(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default: 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="default 8000")
+    p.add_argument("--port", type=argtypes.port, default=8000, help="default 8000")
     p.add_argument("--api-key", default=os.environ.get("SPECDECODE_API_KEY"),
                    help="require this key on every route but /health (default: "
                         "$SPECDECODE_API_KEY; none: no auth)")
-    p.add_argument("--max-queue", type=_non_negative_int, default=16,
+    p.add_argument("--max-queue", type=argtypes.non_negative_int, default=16,
                    help="requests that may wait while one generates; more get a 429 "
                         "(default 16)")
-    p.add_argument("--prefix-store-mb", type=_non_negative_int, default=2048,
+    p.add_argument("--prefix-store-mb", type=argtypes.non_negative_int, default=2048,
                    help="memory for earlier conversations' caches, so users taking turns "
                         "each resume their own without a prefill (default 2048; 0: off)")
     p.add_argument("--served-model-name", default=None,
@@ -334,14 +269,14 @@ def build_parser() -> Parser:
                             "BMI2; adds AVX-512 and VNNI where present; never AMX) into the "
                             "cache; the llama.cpp backend then loads it (about 9 min on 2 "
                             "cores, once)")
-    p.add_argument("-j", "--jobs", type=_positive_int, default=None)
+    p.add_argument("-j", "--jobs", type=argtypes.positive_int, default=None)
 
     from specdecode.bench import cli as bench_cli
 
-    bench_cli.add_parsers(sub, _positive_int, add_load_args)
+    bench_cli.add_parsers(sub, add_load_args)
     from specdecode.check import cli as check_cli
 
-    check_cli.add_parser(sub, _positive_int, add_load_args)
+    check_cli.add_parser(sub, add_load_args)
     return parser
 
 

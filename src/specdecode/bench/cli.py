@@ -7,80 +7,56 @@ import json
 import shlex
 import sys
 
+from specdecode.argtypes import (
+    choice_list,
+    float_list,
+    int_list,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+    seed,
+)
 from specdecode.bench import workloads
 from specdecode.options import LoadSpec
-
-
-def _number_list(cast, minimum, example: str):
-    """argparse type: comma-separated numbers, each >= minimum."""
-    def parse(text: str) -> list:
-        try:
-            values = [cast(v) for v in text.split(",") if v.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected {'integers' if cast is int else 'numbers'} like {example}, "
-                f"got {text!r}") from None
-        if not values or min(values) < minimum:
-            raise argparse.ArgumentTypeError(
-                f"expected {'integers' if cast is int else 'numbers'} >= {minimum}, "
-                f"got {text!r}") from None
-        return values
-    return parse
-
-
-_int_list = _number_list(int, 1, "4,8")
-_float_list = _number_list(float, 0, "0,0.7")
-
-
-def _choice_list(choices: tuple[str, ...]):
-    def parse(text: str) -> list[str]:
-        values = [v.strip() for v in text.split(",") if v.strip()]
-        bad = [v for v in values if v not in choices]
-        if bad or not values:
-            raise argparse.ArgumentTypeError(
-                f"unknown value '{bad[0] if bad else text}'; choose from {', '.join(choices)}")
-        return values
-    return parse
-
 
 # Load options a bench or advise run sets per configuration itself (its rows), not by flag.
 ROW_OPTIONS = ("drafter", "k", "adaptive")
 
 
-def _common(p: argparse.ArgumentParser, positive_int, add_load_args,
+def _common(p: argparse.ArgumentParser, add_load_args,
             without: tuple[str, ...] = ROW_OPTIONS) -> None:
     add_load_args(p, without)
     p.add_argument("--workload", "-w", action="append", default=None, dest="workloads",
                    help=f"{', '.join(workloads.NAMES)} or a .jsonl file (repeatable)")
     p.add_argument("--limit", type=positive_int, default=None, help="prompts per workload")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
 
-def add_parsers(sub, positive_int, add_load_args) -> None:
+def add_parsers(sub, add_load_args) -> None:
     """`bench` and `advise`; `add_load_args` is the CLI's one definition of the load
     options (cli.py), of which each run sets drafter, k and adaptive per row itself."""
     p = sub.add_parser("bench", help="benchmark plain, drafters and peers side by side")
-    _common(p, positive_int, add_load_args)
+    _common(p, add_load_args)
     p.add_argument("--max-tokens", "-n", type=positive_int, default=128)
-    p.add_argument("--drafters", type=_choice_list(("auto", "draft-model", "ngram", "suffix",
-                                                     "eagle3", "hidden-head")),
+    p.add_argument("--drafters", type=choice_list(("auto", "draft-model", "ngram", "suffix",
+                                                    "eagle3", "hidden-head")),
                    default=["auto", "draft-model", "ngram"],
                    help="comma-separated; auto is the shipped default, as `LLM.load` gives it "
                         "(default: auto,draft-model,ngram; suffix: drafters/suffix.py, k as "
                         "--ngram-k; eagle3 / hidden-head: the trained head of --head, k as -k)")
-    p.add_argument("-k", "--num-speculative-tokens", type=_int_list, default=[8],
+    p.add_argument("-k", "--num-speculative-tokens", type=int_list, default=[8],
                    dest="draft_k", help="k values for the draft model, e.g. 4,8 (default 8)")
-    p.add_argument("--ngram-k", type=_int_list, default=[16],
+    p.add_argument("--ngram-k", type=int_list, default=[16],
                    help="k values for n-gram and suffix lookup (default 16)")
-    p.add_argument("--temperatures", type=_float_list, default=[0.0, 0.7],
+    p.add_argument("--temperatures", type=float_list, default=[0.0, 0.7],
                    help="comma-separated (default 0,0.7)")
-    p.add_argument("--peers", type=_choice_list(("hf", "none")), default=["hf"],
+    p.add_argument("--peers", type=choice_list(("hf", "none")), default=["hf"],
                    help="hf (transformers plain / assisted / prompt lookup) or none")
     p.add_argument("--prompt-lookup-k", type=positive_int, default=10,
                    help="HF prompt_lookup_num_tokens (default 10)")
     p.add_argument("--repeats", type=positive_int, default=1)
-    p.add_argument("--background-load", type=int, default=0, metavar="N",
+    p.add_argument("--background-load", type=non_negative_int, default=0, metavar="N",
                    help="N busy processes compete for the CPU during the measured runs")
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--out", default="specdecode-bench",
@@ -89,9 +65,9 @@ def add_parsers(sub, positive_int, add_load_args) -> None:
 
     p = sub.add_parser("advise", help="measure costs and acceptance; recommend drafter and k")
     # advise drafts at each drafter's longest k without confidence stops: no --draft-confidence
-    _common(p, positive_int, add_load_args, (*ROW_OPTIONS, "draft_confidence"))
+    _common(p, add_load_args, (*ROW_OPTIONS, "draft_confidence"))
     p.add_argument("--max-tokens", "-n", type=positive_int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=non_negative_float, default=0.0)
     p.add_argument("--max-draft-k", type=positive_int, default=12)
     p.add_argument("--max-ngram-k", type=positive_int, default=24)
 
@@ -108,8 +84,6 @@ def cmd_bench(args, spec: LoadSpec) -> int:
 
     names = args.workloads or ["humaneval", "code-edit"]
     _check_workloads(names, args.limit)
-    if args.background_load < 0:
-        raise ValueError(f"--background-load must be >= 0, got {args.background_load}")
     options = BenchOptions(
         **BenchOptions.load_fields(spec), workloads=names, limit=args.limit,
         max_tokens=args.max_tokens, drafters=args.drafters, draft_k=args.draft_k,
@@ -133,8 +107,6 @@ def cmd_advise(args, spec: LoadSpec) -> int:
     from specdecode.bench.advise import AdviseOptions, advise, print_advice
     from specdecode.bench.runner import BenchOptions
 
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
     names = args.workloads or ["humaneval"]
     _check_workloads(names, args.limit)
     if not args.json:

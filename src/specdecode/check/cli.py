@@ -10,31 +10,31 @@ import json
 import sys
 from pathlib import Path
 
+from specdecode.argtypes import choice_list, int_list, positive_int, seed
 from specdecode.bench import workloads
-from specdecode.bench.cli import _choice_list, _int_list
 from specdecode.check import CHECKS, Row
 
 DEFAULT_WORKLOADS = ("humaneval", "chat")
 
 
-def add_parser(sub, positive_int, add_load_args) -> None:
+def add_parser(sub, add_load_args) -> None:
     """Register `check` on the CLI's subparsers (cli.py's one set of load options)."""
     p = sub.add_parser("check", help="conformance run on this pair, backend and machine: "
                                      "greedy identity, the verifier's law, stops, fallback")
     add_load_args(p, without=("k", "adaptive"))
     p.add_argument("--adaptive", action="store_true", default=None,
                    help="the fallback check runs the closed-loop engine")
-    p.add_argument("--checks", type=_choice_list(CHECKS), default=list(CHECKS),
+    p.add_argument("--checks", type=choice_list(CHECKS), default=list(CHECKS),
                    help=f"comma-separated (default: {','.join(CHECKS)})")
     p.add_argument("--workload", "-w", action="append", default=None, dest="workloads",
                    help=f"{', '.join(workloads.NAMES)} or a .jsonl file (repeatable; "
                         "default: humaneval and chat)")
     p.add_argument("--prompts", type=positive_int, default=2, help="prompts per workload")
-    p.add_argument("--ks", type=_int_list, default=[1, 4], help="k values (default 1,4)")
+    p.add_argument("--ks", type=int_list, default=[1, 4], help="k values (default 1,4)")
     p.add_argument("--max-tokens", "-n", type=positive_int, default=64)
     p.add_argument("--draws", type=positive_int, default=4000,
                    help="verifier runs per distribution case (default 4000)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--json", default=None, metavar="PATH|-",
                    help="write the rows as JSON to PATH (-: stdout, instead of the table)")
 
