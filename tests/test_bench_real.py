@@ -109,7 +109,7 @@ def test_cli_bench_json(tmp_path, capsys):
     (["bench", "--peers", "vllm"], "unknown value 'vllm'"),
     (["bench", "--temperatures", "0,nan"], "expected finite numbers like 0,0.7"),
     (["advise", "--temperature", "-1"], "--temperature: must be a finite number >= 0"),
-    (["advise", "--temperature", "nan"], "--temperature: must be a finite number"),
+    (["advise", "--temperature", "nan"], "--temperature: must be a finite number >= 0"),
     (["bench", "--background-load", "-1"], "--background-load: must be >= 0"),
     (["bench", "--seed", "-3"], "--seed: must be in 0..2**64-1"),
     (["check", "--seed", "x"], "--seed: must be an integer, got 'x'"),

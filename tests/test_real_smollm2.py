@@ -119,7 +119,7 @@ def test_tokenizer_and_chat_template(smol):
     assert "<|im_start|>user\nHi!<|im_end|>" in rendered
     assert rendered.endswith("<|im_start|>assistant\n")
     assert tok.eos_token_ids == (2,)
-    with pytest.raises(ValueError, match="'role' and 'content'"):
+    with pytest.raises(ValueError, match="a string 'role' and a 'content'"):
         tok.chat([{"content": "no role"}])
 
 

@@ -2,7 +2,7 @@
 
 Each converts one flag's text or raises argparse.ArgumentTypeError saying what is wrong;
 argparse names the flag, and the CLI prints one line and exits 2 (cli.py's Parser).
-Numbers are finite: "nan" and "inf" are refused wherever a number is read.
+Numbers are finite: every number type below refuses "nan" and "inf".
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 import math
 from collections.abc import Callable
 
-PORTS = (1, 65535)
+PORTS = (0, 65535)  # 0: any free port
 
 
 def integer(text: str) -> int:
@@ -23,14 +23,11 @@ def integer(text: str) -> int:
 
 
 def number(text: str) -> float:
-    """A finite number flag's value."""
+    """A number flag's value (nan and inf included: each type below bounds it)."""
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
-    return value
 
 
 def _bounded(convert: Callable[[str], float], ok: Callable[[float], bool], what: str):
@@ -45,16 +42,17 @@ def _bounded(convert: Callable[[str], float], ok: Callable[[float], bool], what:
 
 non_negative_int = _bounded(integer, lambda v: v >= 0, ">= 0")
 positive_int = _bounded(integer, lambda v: v >= 1, ">= 1")
-positive_float = _bounded(number, lambda v: v > 0, "a finite number > 0")
-non_negative_float = _bounded(number, lambda v: v >= 0, "a finite number >= 0")  # temperature
+finite = _bounded(number, math.isfinite, "a finite number")
+positive_float = _bounded(number, lambda v: 0 < v < math.inf, "a finite number > 0")
+non_negative_float = _bounded(number, lambda v: 0 <= v < math.inf, "a finite number >= 0")
 seed = _bounded(integer, lambda v: 0 <= v < 2**64, "in 0..2**64-1")
-probability = _bounded(number, lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
+probability = _bounded(number, lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")  # nan: no
 top_p = _bounded(number, lambda v: 0.0 < v <= 1.0, "a number in (0, 1]")  # nucleus mass
 port = _bounded(integer, lambda v: PORTS[0] <= v <= PORTS[1], f"a port in {PORTS[0]}..{PORTS[1]}")
 
 
 def number_list(convert: Callable[[str], float], minimum: float, example: str):
-    """A type: comma-separated values of `convert` (integer or number), each >= minimum."""
+    """A type: comma-separated values of `convert` (integer or finite), each >= minimum."""
     kind = "integers" if convert is integer else "finite numbers"
 
     def parse(text: str) -> list:
@@ -82,4 +80,4 @@ def choice_list(choices: tuple[str, ...]):
 
 
 int_list = number_list(integer, 1, "4,8")
-float_list = number_list(number, 0, "0,0.7")
+float_list = number_list(finite, 0, "0,0.7")

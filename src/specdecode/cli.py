@@ -498,8 +498,6 @@ def cmd_serve(args) -> int:
     from specdecode.llm import LLM
     from specdecode.server import serve
 
-    if not 0 <= args.port <= 65535:
-        raise UserError(f"--port must be in 0..65535, got {args.port}")
     options.check_device(args.device)
     check_port_free(args.host, args.port)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
