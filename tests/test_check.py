@@ -17,11 +17,11 @@ import torch
 
 import real
 from specdecode.check.chisquare import chi_square_pvalue
-from specdecode.check.distribution import Capture, _row, draw
+from specdecode.check.distribution import ALPHA, CONFIRM, Capture, _row, draw, judge
 from specdecode.check.near_tie import classify, threshold
 from specdecode.options import LoadSpec
 from specdecode.sampling import SamplingParams, sample
-from specdecode.verify import GreedyVerifier, VerifyResult
+from specdecode.verify import GreedyVerifier, SamplingVerifier, VerifyResult
 from test_cli import assert_clean_error
 
 V = 40
@@ -78,6 +78,31 @@ def test_distribution_passes_the_verifier_and_fails_always_accept(with_q):
     assert good.data["bonus_draws"] >= 20 and good.data["p_bonus"] is not None
     bad = _row(c, draw(c, PARAMS, 6000, seed=3, verifier=AlwaysAccept), "broken")
     assert not bad.passed, bad.detail
+
+
+class BrokenFirst:
+    """Always-accept for the first `n` requests, then the real rule: a first try that
+    fails and a second that passes, as a chance failure of a correct rule would."""
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+
+    def __call__(self, params, key, generator):
+        self.left -= 1
+        rule = AlwaysAccept if self.left >= 0 else SamplingVerifier
+        return rule(params, key, generator)
+
+
+def test_a_case_below_alpha_is_drawn_again_and_a_broken_rule_fails_both_tries():
+    c = _capture(True)
+    chance = judge(c, PARAMS, 3000, 3, "chance", BrokenFirst(3000))
+    assert chance.passed, chance.detail
+    assert chance.data["first_try"]["p_first"] < ALPHA, chance.detail
+    assert chance.data["draws"] == CONFIRM * 3000 and "drawn again" in chance.detail
+    broken = judge(c, PARAMS, 3000, 3, "broken", AlwaysAccept)
+    assert not broken.passed and broken.data["first_try"]["draws"] == 3000, broken.detail
+    good = judge(c, PARAMS, 3000, 3, "real")
+    assert good.passed and "first_try" not in good.data, good.detail
 
 
 # -- on a real model (SmolLM2-135M, float32 torch: any divergence is a bug) ----------

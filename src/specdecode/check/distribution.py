@@ -6,8 +6,13 @@ request's params). Draw: run the request's verifier (verify.SamplingVerifier: re
 sampling for drafts with q, draw-and-match for point-mass drafts) `draws` times on
 those tensors, a fresh request key each, no model calls. Test: the first emitted
 token against p (chi-square), and the bonus token after the likeliest draft was
-accepted against p after it. `verifier=` replaces the rule (tests/test_check.py
-passes one that always accepts: it must fail).
+accepted against p after it. A case below ALPHA is drawn again, CONFIRM times as
+many runs from another seed, and fails only if those fall below ALPHA too: a correct
+rule falls below ALPHA by chance once in 1/ALPHA cases, and the captured tensors
+(so the draws) differ per machine and backend, so a fixed seed alone does not keep a
+user's run from such a false alarm (the default pair on llama.cpp, Zen 5: p = 0.00053
+at seed 0, 0.25-0.95 at seeds 1-7, 0.24 with 40,000 draws). `verifier=` replaces the
+rule (tests/test_check.py passes one that always accepts: it must fail).
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ from specdecode.verify import SamplingVerifier
 
 SETTINGS = {"T=0.7": SamplingParams(temperature=0.7), "T=1.0": SamplingParams(temperature=1.0),
             "T=1.0 top-k 40 top-p 0.9": SamplingParams(temperature=1.0, top_k=40, top_p=0.9)}
-ALPHA = 1e-3  # a case fails when its p-value is below this (fixed seeds: no flakes)
+ALPHA = 1e-3  # a case fails when its p-values are below this twice (see the docstring)
+CONFIRM = 4  # the second try draws this many times the runs
+CONFIRM_SEED = 1_000_003  # added to the seed for the second try
 
 
 @dataclass
@@ -117,11 +124,23 @@ def check_distribution(pair: Pair, prompts: list[tuple[str, list[int]]], draws: 
         at = spread_position(pair, ids, answer, params) if len(answer) > 1 else 0
         for kind, drafter in drafters:
             c = capture(pair, ids + answer[:at], params, drafter, f"{name} +{at}")
-            rows.append(_row(c, draw(c, params, draws, seed, verifier), f"{setting}, {kind}"))
+            rows.append(judge(c, params, draws, seed, f"{setting}, {kind}", verifier))
     return rows
 
 
-def _row(c: Capture, counts: tuple[torch.Tensor, torch.Tensor], case: str) -> Row:
+def judge(c: Capture, params: SamplingParams, draws: int, seed: int, case: str,
+          verifier: VerifierFactory = SamplingVerifier) -> Row:
+    """The case's row: `draws` runs, and where they fall below ALPHA, CONFIRM times as
+    many from seed + CONFIRM_SEED decide (the row keeps the first try's p-values)."""
+    row = _row(c, draw(c, params, draws, seed, verifier), case)
+    if row.passed:
+        return row
+    again = draw(c, params, CONFIRM * draws, seed + CONFIRM_SEED, verifier)
+    return _row(c, again, case, first_try=row)
+
+
+def _row(c: Capture, counts: tuple[torch.Tensor, torch.Tensor], case: str,
+         first_try: Row | None = None) -> Row:
     first, bonus = counts
     p_first = chi_square_pvalue(first, c.p0)
     p_bonus = chi_square_pvalue(bonus, c.p1) if bonus.sum() >= 20 else None
@@ -131,6 +150,13 @@ def _row(c: Capture, counts: tuple[torch.Tensor, torch.Tensor], case: str) -> Ro
               + ("not enough accepts" if p_bonus is None
                  else f"p={p_bonus:.3g} ({int(bonus.sum())})")
               + ("" if tv is None else f", TV(p, q)={tv:.3f}"))
-    return Row("distribution", case, ok, detail, {
-        "where": c.where, "p_first": p_first, "p_bonus": p_bonus, "tv_p_q": tv,
-        "draws": int(first.sum()), "bonus_draws": int(bonus.sum()), "alpha": ALPHA})
+    data = {"where": c.where, "p_first": p_first, "p_bonus": p_bonus, "tv_p_q": tv,
+            "draws": int(first.sum()), "bonus_draws": int(bonus.sum()), "alpha": ALPHA}
+    if first_try is not None:
+        before = first_try.data
+        detail += (f"; drawn again after a first try below {ALPHA:g} (first token "
+                   f"p={before['p_first']:.3g}, bonus p="
+                   + ("-" if before["p_bonus"] is None else f"{before['p_bonus']:.3g}")
+                   + f", {before['draws']} draws)")
+        data["first_try"] = {k: before[k] for k in ("p_first", "p_bonus", "draws")}
+    return Row("distribution", case, ok, detail, data)
