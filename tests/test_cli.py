@@ -170,7 +170,7 @@ def test_generate_json_on_a_real_model_with_compare_plain(tmp_path):
                "--compare-plain", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["identical_to_plain"] is True
+    assert out["identical_to_plain"] is True and out["divergence"] is None
     assert out["completion_tokens"] == len(out["token_ids"]) <= 24
     assert out["finish_reason"] in ("stop", "length")
     assert set(out["stats"]) >= {"acceptance_rate", "mean_accepted_length", "drafted",

@@ -439,7 +439,7 @@ def backend_note(backend: str) -> str:
 
 
 def run_and_report(llm, prompt_ids, params, seed, compare_plain: bool, as_json: bool) -> int:
-    from specdecode.report import print_report, result_dict
+    from specdecode.report import divergence, print_report, result_dict
 
     speculative = llm.speculative
     if as_json:
@@ -449,15 +449,15 @@ def run_and_report(llm, prompt_ids, params, seed, compare_plain: bool, as_json: 
     warning = guard_warning(result.stats)
     if warning:
         print(warning, file=sys.stderr)
-    plain = None
+    plain = parted = None
     if compare_plain:
         llm.target.rollback(0)  # a prefill of its own, as the first run's (no reuse)
         plain = llm.generate(prompt_ids, params, seed, speculative=False)
+        parted = divergence(llm, prompt_ids, params, result, plain)
     if as_json:
-        out = result_dict(llm, result, plain)
-        print(json.dumps(out))
+        print(json.dumps(result_dict(llm, result, plain, parted)))
     else:
-        print_report(llm, result, plain)
+        print_report(llm, result, plain, divergence=parted)
     return 0
 
 

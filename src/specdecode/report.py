@@ -31,7 +31,41 @@ def _memory(llm) -> dict | None:
     return None if plan is None else {**plan, "peak_rss_bytes": peak_resident_bytes()}
 
 
-def result_dict(llm, result, plain=None) -> dict:
+def divergence(llm, prompt_ids: list[int], params, result, plain) -> dict | None:
+    """Where a greedy `result` parts from plain decoding's: the token index, the
+    target's top-2 logit margin there (a fresh prefill, bench/summary.py) and the
+    verdict by the backend's near-tie threshold (check/near_tie.py). None where the
+    outputs are equal or the run sampled (sampled tokens are not promised equal)."""
+    from specdecode.bench.summary import margin_at_divergence
+    from specdecode.check.near_tie import classify, threshold
+
+    if plain is None or plain.token_ids == result.token_ids or not params.greedy:
+        return None
+    found = margin_at_divergence(llm.target, prompt_ids, plain.token_ids, result.token_ids)
+    llm.target.rollback(0)
+    limit = threshold(llm.info.backend, str(llm.target.dtype).removeprefix("torch."))
+    return {**found, "threshold": limit, "verdict": classify(found, limit)}
+
+
+def _same_line(d: dict, backend: str) -> str:
+    """The report's last line: speed-up and whether the outputs are plain decoding's."""
+    line = f"speedup vs plain: {d['speedup']:.2f}x; outputs "
+    if d["identical_to_plain"]:
+        return line + "identical to plain decoding"
+    found = d.get("divergence")
+    if found is None:
+        return line + "DIFFERENT to plain decoding"
+    where = (f"differ from plain decoding from token {found['index']} on, where the "
+             f"target's top-2 logit margin is {found['top2_margin']:.3f}")
+    if found["verdict"].startswith("near-tie"):
+        return (line + where + f": a near-tie (below {found['threshold']}), which "
+                f"{backend}'s batched passes round differently from one-token steps "
+                "(README \"Exactness\"; `specdecode check` tests this pair)")
+    return (line + where + f": NOT a near-tie (threshold {found['threshold']}); please "
+            "report it with `specdecode check`'s output")
+
+
+def result_dict(llm, result, plain=None, divergence: dict | None = None) -> dict:
     out = {
         "target": llm.info.target,
         "draft": llm.info.draft,
@@ -47,14 +81,15 @@ def result_dict(llm, result, plain=None) -> dict:
     if plain is not None:
         out["plain"] = _run_dict(plain)
         out["identical_to_plain"] = plain.token_ids == result.token_ids
+        out["divergence"] = divergence
         spec_tps, plain_tps = out["tokens_per_second"], out["plain"]["tokens_per_second"]
         out["speedup"] = spec_tps / plain_tps if plain_tps else None
     return out
 
 
-def print_report(llm, result, plain=None, file=None) -> None:
+def print_report(llm, result, plain=None, file=None, divergence: dict | None = None) -> None:
     console = Console(file=file or sys.stderr)
-    d = result_dict(llm, result, plain)
+    d = result_dict(llm, result, plain, divergence)
     s = result.stats
     table = Table(title="specdecode", show_header=True, header_style="bold")
     table.add_column("metric")
@@ -85,5 +120,4 @@ def print_report(llm, result, plain=None, file=None) -> None:
     if llm.info.choice:
         console.print(f"{llm.info.backend}: {llm.info.choice}")
     if plain is not None:
-        same = "identical" if d["identical_to_plain"] else "DIFFERENT"
-        console.print(f"speedup vs plain: {d['speedup']:.2f}x; outputs {same} to plain decoding")
+        console.print(_same_line(d, llm.info.backend))
