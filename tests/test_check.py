@@ -67,7 +67,8 @@ def test_near_tie_classification():
     assert classify({"top2_margin": 0.1}, 0.0) == "not a tie: BUG"
     assert classify({"top2_margin": None}, 0.5) == "not a tie: BUG"
     assert threshold("torch", "float32") == 0.0
-    assert threshold("llama.cpp", "float32") == threshold("torch", "bfloat16") == 0.5
+    assert threshold("torch", "bfloat16") == 0.5
+    assert threshold("llama.cpp", "float32") == 1.0  # bench/results/flash-attn-zen5.md
 
 
 @pytest.mark.parametrize("with_q", [True, False], ids=["draft-q", "point-mass"])

@@ -49,7 +49,8 @@ def divergence(llm, prompt_ids: list[int], params, result, plain) -> dict | None
 
 def _same_line(d: dict, backend: str) -> str:
     """The report's last line: speed-up and whether the outputs are plain decoding's."""
-    line = f"speedup vs plain: {d['speedup']:.2f}x; outputs "
+    speedup = "n/a" if d["speedup"] is None else f"{d['speedup']:.2f}x"
+    line = f"speedup vs plain: {speedup}; outputs "
     if d["identical_to_plain"]:
         return line + "identical to plain decoding"
     found = d.get("divergence")

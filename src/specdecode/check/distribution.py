@@ -8,11 +8,12 @@ those tensors, a fresh request key each, no model calls. Test: the first emitted
 token against p (chi-square), and the bonus token after the likeliest draft was
 accepted against p after it. A case below ALPHA is drawn again, CONFIRM times as
 many runs from another seed, and fails only if those fall below ALPHA too: a correct
-rule falls below ALPHA by chance once in 1/ALPHA cases, and the captured tensors
-(so the draws) differ per machine and backend, so a fixed seed alone does not keep a
-user's run from such a false alarm (the default pair on llama.cpp, Zen 5: p = 0.00053
-at seed 0, 0.25-0.95 at seeds 1-7, 0.24 with 40,000 draws). `verifier=` replaces the
-rule (tests/test_check.py passes one that always accepts: it must fail).
+rule fails a try by chance about once in 1/(2 ALPHA) cases (two p-values), and the
+captured tensors (so the draws) differ per machine, backend and run, so a fixed seed
+alone does not keep a user's run from such a false alarm (the default pair on
+llama.cpp, Zen 5: p = 0.00045 at seed 0 in two runs of check; other seeds and more
+draws: bench/check_distribution_seeds.py). `verifier=` replaces the rule
+(tests/test_check.py passes one that always accepts: it must fail).
 """
 
 from __future__ import annotations
