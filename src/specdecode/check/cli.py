@@ -39,7 +39,7 @@ def add_parser(sub, add_load_args) -> None:
                    help="write the rows as JSON to PATH (-: stdout, instead of the table)")
 
 
-def run_checks(pair, args, rejection=None) -> list[Row]:
+def run_checks(pair, args) -> list[Row]:
     """The checks of `args.checks` on `pair` (pair.Pair), in CHECKS order."""
     from specdecode.check.distribution import check_distribution
     from specdecode.check.fallback import check_fallback
@@ -47,10 +47,8 @@ def run_checks(pair, args, rejection=None) -> list[Row]:
     from specdecode.check.stops import check_stops
 
     prompts = pair.prompts(args.workloads or DEFAULT_WORKLOADS, args.prompts)
-    extra = {} if rejection is None else {"rejection": rejection}
     runs = {"greedy": lambda: check_greedy(pair, prompts, args.ks, args.max_tokens),
-            "distribution": lambda: check_distribution(pair, prompts, args.draws, args.seed,
-                                                       **extra),
+            "distribution": lambda: check_distribution(pair, prompts, args.draws, args.seed),
             "stops": lambda: check_stops(pair, prompts, args.ks, args.max_tokens),
             "fallback": lambda: check_fallback(pair, prompts, args.max_tokens)}
     rows: list[Row] = []
