@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from specdecode.argtypes import int_list, positive_int
 from specdecode.costs import cpu_name
 from specdecode.models.llama_cpp import LlamaCppLM
 from specdecode.models.loading import load_tokenizer
@@ -95,11 +96,9 @@ def report(rows: list[dict], args) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="bench/results/flash-attn")
-    ap.add_argument("--contexts", type=lambda s: [int(v) for v in s.split(",")],
-                    default=[256, 1800])
-    ap.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")],
-                    default=[1, 2, 5, 17, 49])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--contexts", type=int_list, default=[256, 1800])
+    ap.add_argument("--sizes", type=int_list, default=[1, 2, 5, 17, 49])
+    ap.add_argument("--repeats", type=positive_int, default=5)
     args = ap.parse_args()
     path = resolve("default")
     ids = torch.tensor(load_tokenizer(path).encode(inspect.getsource(argparse)))

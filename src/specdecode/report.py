@@ -36,15 +36,13 @@ def divergence(llm, prompt_ids: list[int], params, result, plain) -> dict | None
     target's top-2 logit margin there (a fresh prefill, bench/summary.py) and the
     verdict by the backend's near-tie threshold (check/near_tie.py). None where the
     outputs are equal or the run sampled (sampled tokens are not promised equal)."""
-    from specdecode.bench.summary import margin_at_divergence
-    from specdecode.check.near_tie import classify, threshold
+    from specdecode.check.near_tie import judge, threshold
 
     if plain is None or plain.token_ids == result.token_ids or not params.greedy:
         return None
-    found = margin_at_divergence(llm.target, prompt_ids, plain.token_ids, result.token_ids)
-    llm.target.rollback(0)
     limit = threshold(llm.info.backend, str(llm.target.dtype).removeprefix("torch."))
-    return {**found, "threshold": limit, "verdict": classify(found, limit)}
+    verdict, found = judge(llm.target, prompt_ids, plain.token_ids, result.token_ids, limit)
+    return {**found, "threshold": limit, "verdict": verdict}
 
 
 def _same_line(d: dict, backend: str) -> str:

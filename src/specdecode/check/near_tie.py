@@ -22,6 +22,18 @@ def threshold(backend: str, dtype: str) -> float:
     return NEAR_TIE["llama.cpp"] if backend == "llama.cpp" else NEAR_TIE.get(dtype, 0.5)
 
 
+def judge(target, prompt_ids: list[int], reference: list[int], other: list[int],
+          limit: float) -> tuple[str, dict | None]:
+    """(verdict, divergence): classify of where `other` parts from `reference`, with the
+    target's top-2 margin there (bench/summary.py, a fresh prefill; the target's cache
+    is left empty)."""
+    from specdecode.bench.summary import margin_at_divergence
+
+    divergence = margin_at_divergence(target, prompt_ids, reference, other)
+    target.rollback(0)
+    return classify(divergence, limit), divergence
+
+
 def classify(divergence: dict | None, limit: float) -> str:
     """"identical", "near-tie (backend rounding)" or "not a tie: BUG"."""
     if divergence is None:

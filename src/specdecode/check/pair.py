@@ -6,8 +6,7 @@ from dataclasses import dataclass, field, replace
 
 from specdecode.bench import workloads
 from specdecode.bench.runner import forget
-from specdecode.bench.summary import margin_at_divergence
-from specdecode.check.near_tie import classify, threshold
+from specdecode.check.near_tie import judge, threshold
 from specdecode.llm import LLM, LoadedModels, load_plan
 from specdecode.options import LoadSpec
 from specdecode.plan import Facts, resolve
@@ -81,9 +80,7 @@ class Pair:
                 ) -> tuple[str, dict | None]:
         """(verdict, divergence): near_tie.classify of where `other` parts from
         `reference`, with the target's top-2 margin there (bench/summary.py)."""
-        divergence = margin_at_divergence(self.plain.target, prompt_ids, reference, other)
-        self.plain.target.rollback(0)
-        return classify(divergence, self.limit), divergence
+        return judge(self.plain.target, prompt_ids, reference, other, self.limit)
 
 
 def cold_generate(llm: LLM, prompt_ids: list[int], params, seed: int = 0,
