@@ -13,6 +13,10 @@ from conftest import OracleDrafter, plain_greedy, tiny
 from specdecode import Draft, SamplingParams, SpeculativeDecoder
 from specdecode.controller import Controller, OnlineCosts, Slot, context_band, size_bucket
 from specdecode.costs import disturbed_points, measure_curve, monotone
+from specdecode.drafters import NgramDrafter
+from specdecode.drafters.base import MATCH_PRIORS
+from specdecode.drafters.suffix import SuffixDrafter
+from specdecode.llm import make_controller
 from specdecode.speclen import CostModel, LengthPolicy
 
 FLAT = CostModel({1: 1.0, 2: 1.0, 9: 1.0, 65: 1.0})  # what a start-up curve promised
@@ -351,6 +355,50 @@ def test_a_junk_kind_starts_the_next_request_pessimistic_a_good_one_at_the_prior
     request = _kinds_run(target, Clock(), controller, prompt, truth, 60)
     assert request.stats.drafted_per_step[0] == 0  # the first (kind-1) draft: not verified
     assert control.policy(0).carry_over is False  # kind 0 (one kind only) is not carried
+
+
+class TwoKindsLookup(TwoKinds):
+    """TwoKinds declaring the lookups' priors by match length (as NgramDrafter does)."""
+
+    kind_priors = MATCH_PRIORS
+
+
+def test_a_fresh_process_verifies_no_short_match_before_hindsight_and_long_ones_at_once(
+        target):
+    """Lookup slots start each kind of match at the drafter's prior (MATCH_PRIORS): on
+    a fresh controller, a 1-token match that is always wrong is never verified, where
+    90 % for every kind (a drafter declaring no priors: the negative control) pays
+    for its first wrong ones; a right 4-token match is verified from its first
+    proposal either way."""
+    prompt = [6, 1, 8]
+    truth = prompt + plain_greedy(target, prompt, 200)
+    prior = CostModel({1: 1.0, 2: 1.5, 5: 3.0})
+    runs = {}
+    for name, drafter in (("shipped", TwoKindsLookup), ("flat", TwoKinds)):
+        slots = make_controller(prior, [drafter(truth, target.vocab_size)], None).slots
+        controller = Controller(slots, prior, online=False)
+        runs[name] = _kinds_run(target, Clock(), controller, prompt, truth, 40).stats
+    for stats in runs.values():
+        assert stats.drafted_per_step[1] > 0  # the first (kind-4) draft: verified
+    assert runs["shipped"].drafted == runs["shipped"].accepted  # no kind-1 draft verified
+    assert runs["flat"].drafted > runs["flat"].accepted  # 90 %: wrong ones verified first
+
+
+@pytest.mark.parametrize("build", ["slot", "single", "make_controller"])
+def test_ngram_and_suffix_kinds_start_at_their_match_priors(build):
+    """Every way of putting a lookup under control starts kinds 1, 2, 3 at 30, 50 and
+    70 % and 4+ (and the pooled estimate) at the policy's 90 %."""
+    costs = CostModel({1: 1.0, 2: 1.6, 5: 3.4})
+    for drafter in (NgramDrafter(), SuffixDrafter()):
+        if build == "slot":
+            controller = Controller([Slot(drafter, LengthPolicy(costs), False)], costs)
+        elif build == "single":
+            controller = Controller.single(drafter, LengthPolicy(CostModel(costs.verify)))
+        else:
+            controller = make_controller(costs, [drafter], None)
+        control = controller.begin()
+        starts = [control.policy(0, kind).acceptance(1)[0] for kind in (0, 1, 2, 3, 4)]
+        assert starts == pytest.approx([0.9, 0.3, 0.5, 0.7, 0.9])
 
 
 def test_a_new_kind_after_wrong_drafts_starts_from_the_pooled_estimate(target):

@@ -213,6 +213,7 @@ class Slot:
     decay); requests get their own (`Control`). A costly slot's `recent` holds
     (tokens emitted, cost in plain steps) of its last few verified steps
     (cleared at a pause): what it realised, judged against plain steps (1).
+    `kind_priors` start some kinds of draft elsewhere than `policy`'s prior.
     Machine-level, shared by requests: pauses, `recent`, `carried`. prices_catchup
     False: a costly draft is priced without the catch-up on context it has not
     seen (the fixed-k default's drafter keeps up as fixed k did: llm.py
@@ -228,6 +229,13 @@ class Slot:
     carried: dict[int, list[float]] = field(default_factory=dict)  # kind -> last estimates
     epoch: int = 0  # probes started so far: a request's estimates restart at a new one
     prices_catchup: bool = True  # a costly draft's price includes its context catch-up
+    kind_priors: dict[int, tuple[float, float]] | None = None  # kind -> (accepted,
+    # tried) prior of its estimates; None: the drafter's `kind_priors` (drafters/base.py
+    # MATCH_PRIORS for lookups), else none; kinds not named start at policy.prior
+
+    def __post_init__(self) -> None:
+        if self.kind_priors is None:
+            self.kind_priors = dict(getattr(self.drafter, "kind_priors", {}))
 
     @property
     def name(self) -> str:
@@ -235,9 +243,11 @@ class Slot:
 
     def fresh_policy(self, kind: int) -> LengthPolicy:
         """A request's estimates of one kind of draft: kind 0 from the prior; other
-        kinds carry over the last request's pessimistic estimates (carry_over)."""
+        kinds from their own prior (kind_priors, else the policy's) and carry over
+        the last request's pessimistic estimates (carry_over)."""
         p = self.policy
-        policy = LengthPolicy(p.costs, p.prior, p.decay, p.pool_from, carry_over=kind > 0)
+        prior = self.kind_priors.get(kind, p.prior)
+        policy = LengthPolicy(p.costs, prior, p.decay, p.pool_from, carry_over=kind > 0)
         if kind in self.carried:
             policy.begin(self.carried[kind])
         return policy

@@ -322,8 +322,9 @@ def choose_drafter(
 def make_controller(costs: CostModel, lookups: Sequence[Drafter], draft: Drafter | None
                     ) -> Controller:
     """The adaptive engine's controller: lookup drafters (n-gram, suffix) judged as
-    free, each step taking the one whose cut draft pays most, and the draft model
-    priced per token, all on costs learnt online from the start-up prior."""
+    free, each step taking the one whose cut draft pays most (each kind of match
+    from its own prior, the drafter's kind_priors), and the draft model priced per
+    token, all on costs learnt online from the start-up prior."""
     slots = [Slot(lookup, LengthPolicy(CostModel(costs.verify, 0.0)), costly=False)
              for lookup in lookups]
     if draft is not None:

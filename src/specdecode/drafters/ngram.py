@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.drafters.base import BaseDrafter, Draft, DraftContext
+from specdecode.drafters.base import MATCH_PRIORS, BaseDrafter, Draft, DraftContext
 from specdecode.sampling import SamplingParams
 
 
@@ -29,6 +29,7 @@ class NgramDrafter(BaseDrafter):
 
     name = "ngram"
     KINDS = 4
+    kind_priors = MATCH_PRIORS  # each kind's starting acceptance (drafters/base.py)
 
     def __init__(self, max_n: int = 3, min_n: int = 1) -> None:
         if not 1 <= min_n <= max_n:

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdecode.drafters.base import BaseDrafter, Draft, DraftContext
+from specdecode.drafters.base import MATCH_PRIORS, BaseDrafter, Draft, DraftContext
 from specdecode.sampling import SamplingParams
 
 MAX_OCCURRENCES = 32  # occurrences of an n-gram remembered (the most recent)
@@ -130,6 +130,7 @@ class SuffixDrafter(BaseDrafter):
 
     name = "suffix"
     KINDS = 4
+    kind_priors = MATCH_PRIORS  # each kind's starting acceptance (drafters/base.py)
 
     def __init__(self, store: SuffixStore | None = None, *, max_n: int = 8, min_n: int = 1,
                  min_token_prob: float = 0.1, max_spec_factor: float = 8.0) -> None:
