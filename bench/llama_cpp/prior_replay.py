@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from agent_replay import NGRAM_MAX, Text, recorded_texts  # noqa: E402
 from replay import replay_cost, shipped_controller  # noqa: E402
 
+from specdecode.controller import Controller  # noqa: E402
 from specdecode.drafters import NgramDrafter  # noqa: E402
 from specdecode.drafters.suffix import SuffixDrafter, SuffixStore  # noqa: E402
 from specdecode.models import loading, registry  # noqa: E402
@@ -36,23 +37,27 @@ from specdecode.speclen import CostModel  # noqa: E402
 K = DRAFTERS["auto"].k[1]
 
 
-def controller_for(curve: CostModel, prior, store: SuffixStore):
+Prior = tuple[float, float] | dict[int, tuple[float, float]] | None
+
+
+def controller_for(curve: CostModel, prior: Prior, store: SuffixStore) -> Controller:
     """The shipped lookups' controller (prior None), or with every kind's prior set to
     `prior` (a pair), or per kind ({kind: pair}; kind 0: the pooled estimate and any
-    kind not named)."""
+    kind not named; default the policy's 90 %)."""
     lookups = [NgramDrafter(max_n=NGRAM_MAX), SuffixDrafter(store, max_n=NGRAM_MAX)]
     controller = shipped_controller(CostModel(curve.verify, 0.0), lookups)
     if prior is not None:
         by_kind = prior if isinstance(prior, dict) else {0: prior}
         for slot in controller.slots:
-            slot.policy.prior = by_kind[0]
+            slot.policy.prior = by_kind.get(0, slot.policy.prior)
             slot.kind_priors = {k: v for k, v in by_kind.items() if k}
     return controller
 
 
-def replay_texts(texts: list[Text], curve: CostModel, prior: tuple[float, float],
+def replay_texts(texts: list[Text], curve: CostModel, prior: Prior,
                  cold: bool, vocab: int, eos: tuple[int, ...]) -> list[tuple[str, int, float]]:
-    """(class, tokens, plain steps) per text, in order."""
+    """(class, tokens, plain steps) per text, in order; cold: each text on a fresh
+    controller and suffix store, else one controller throughout."""
     store = SuffixStore()
     controller = controller_for(curve, prior, store)
     out = []
@@ -68,7 +73,10 @@ def replay_texts(texts: list[Text], curve: CostModel, prior: tuple[float, float]
     return out
 
 
-def rows(texts, curve_path: str, priors, vocab, eos) -> list[str]:
+def rows(texts: list[Text], curve_path: str, priors: list[Prior], vocab: int,
+         eos: tuple[int, ...]) -> list[str]:
+    """Markdown rows for one curve file: per mode (cold, warm) and prior, the
+    predicted speedup per class, the worst text and the count below 0.98x."""
     meta = json.loads(Path(curve_path).read_text())["meta"]
     curve = CostModel({int(b): c for b, c in meta["costs"]["c"].items()})
     label = f"{Path(curve_path).stem} (c(2) {curve.c(2):.2f}, c(5) {curve.c(5):.2f})"
@@ -90,7 +98,7 @@ def rows(texts, curve_path: str, priors, vocab, eos) -> list[str]:
     return lines
 
 
-def _parse_prior(text: str):
+def _parse_prior(text: str) -> Prior:
     """'shipped' -> None; '1.8/2' -> (1.8, 2.0); '0=1.8/2,1=1/2' -> {0: (1.8, 2.0),
     1: (1.0, 2.0)}."""
     if text == "shipped":
@@ -101,9 +109,9 @@ def _parse_prior(text: str):
             for k, v in (part.split("=") for part in text.split(","))}
 
 
-def _label(prior) -> str:
+def _label(prior: Prior) -> str:
     if prior is None:
-        return "shipped (controller.MATCH_PRIORS)"
+        return "shipped (drafters/base.py MATCH_PRIORS)"
     if isinstance(prior, dict):
         return ",".join(f"{k}={a:g}/{t:g}" for k, (a, t) in prior.items())
     return f"{prior[0]:g}/{prior[1]:g}"
