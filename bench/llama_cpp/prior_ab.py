@@ -43,7 +43,8 @@ def fresh_controller(base: Controller, per_kind: bool) -> Controller:
             continue
         if isinstance(slot.drafter, SuffixDrafter) and slot.drafter.store is not None:
             slot.drafter.store.clear()
-        policy = LengthPolicy(slot.policy.costs, slot.policy.prior)
+        p = slot.policy
+        policy = LengthPolicy(p.costs, p.prior, p.decay, p.pool_from)
         slots.append(Slot(slot.drafter, policy, False,
                           kind_priors=dict(slot.kind_priors) if per_kind else {}))
     return Controller(slots, base.prior)
