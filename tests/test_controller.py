@@ -14,7 +14,7 @@ from specdecode import Draft, SamplingParams, SpeculativeDecoder
 from specdecode.controller import Controller, OnlineCosts, Slot, context_band, size_bucket
 from specdecode.costs import disturbed_points, measure_curve, monotone
 from specdecode.drafters import NgramDrafter
-from specdecode.drafters.base import MATCH_PRIORS
+from specdecode.drafters.base import MATCH_PRIORS, DraftContext
 from specdecode.drafters.suffix import SuffixDrafter
 from specdecode.llm import make_controller
 from specdecode.speclen import CostModel, LengthPolicy
@@ -382,6 +382,38 @@ def test_a_fresh_process_verifies_no_short_match_before_hindsight_and_long_ones_
         assert stats.drafted_per_step[1] > 0  # the first (kind-4) draft: verified
     assert runs["shipped"].drafted == runs["shipped"].accepted  # no kind-1 draft verified
     assert runs["flat"].drafted > runs["flat"].accepted  # 90 %: wrong ones verified first
+
+
+# llama.cpp's default pair on a 2-core Zen 5 (bench/results/auto-both-lookups.json, some sizes)
+STEEP = CostModel({1: 1.0, 2: 2.248, 3: 3.221, 5: 5.072, 9: 7.975, 17: 10.263, 21: 10.503,
+                   33: 15.804})
+
+
+def _verified_after_hindsight(confirmed: int, policy: LengthPolicy) -> int:
+    """How many tokens of a 20-token kind-4 lookup draft a fresh controller on STEEP
+    verifies after hindsight confirmed one earlier match for `confirmed` tokens."""
+    controller = Controller([Slot(NgramDrafter(), policy, costly=False)], STEEP, online=False)
+    control = controller.begin()
+    text = list(range(100, 160))
+    earlier = control.policy(0, 4)
+    earlier.watch(10, text[10:10 + confirmed])
+    for n in range(11, 30):
+        earlier.resolve(text[:n])
+    plan = controller.plan(control, DraftContext(text[:30], 20),
+                           lambda drafter, ctx: Draft(torch.tensor(text[30:50]), kind=4))
+    return len(plan.draft)
+
+
+def test_a_long_free_draft_needs_more_than_a_few_confirmed_positions_on_a_steep_curve():
+    """On a steep curve a 20-token draft (c(21) ~10.5 plain steps) pays only at ~95 %
+    per position. One match confirmed for 3 tokens raises the pooled estimate to
+    0.95 with the weight of ~4 observations; at that point estimate (caution 0, the
+    negative control) all 20 are verified (replayed chat answers lost 6-9 % on one
+    such draft). Priced at the lower bound (the default caution) none are; after 12
+    confirmed tokens all 20 are, either way."""
+    assert _verified_after_hindsight(3, LengthPolicy(STEEP, caution=0.0)) == 20
+    assert _verified_after_hindsight(3, LengthPolicy(STEEP)) == 0
+    assert _verified_after_hindsight(12, LengthPolicy(STEEP)) == 20
 
 
 @pytest.mark.parametrize("build", ["slot", "single", "make_controller"])

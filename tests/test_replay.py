@@ -138,3 +138,21 @@ def test_recorded_texts_rebuild_each_turn_as_compare_does(ar):
     runs[1]["prompt_tokens"] += 1
     with pytest.raises(ValueError, match="rebuilt prompt"):
         ar.recorded_texts(runs, "c", tok)
+
+
+def test_an_online_replay_learns_the_curve_it_is_priced_by(ar):
+    """replay.py's CurveClock: each pass of an online controller's replay takes its price
+    on the curve, so the plain step it learns is 1 unit (the prior below says 2; real
+    time: microseconds), and the text is reproduced (replay_cost asserts it) with its
+    restated part drafted."""
+    replay = sys.modules["replay"]  # imported by agent_replay
+    rng = random.Random(0)
+    source = [rng.randrange(1, 400) for _ in range(300)]
+    prior = CostModel({b: 2 * c for b, c in STEEP.verify.items()})  # step_seconds 2
+    controller = replay.shipped_controller(prior, [ar.NgramDrafter(max_n=ar.NGRAM_MAX)],
+                                           online=True)
+    steps = replay.replay_cost(source, source[:200], None, None, STEEP, ar.K, VOCAB, EOS,
+                               controller)
+    assert 200 / steps > 1.5  # the restated text is drafted
+    assert controller.costs.plain_seconds(len(source) + 200) == pytest.approx(1.0)
+    assert controller.costs.model(len(source) + 200).c(2) == pytest.approx(STEEP.c(2))

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import OracleDrafter, plain_greedy, tiny
 from specdecode import DraftModelDrafter, NgramDrafter, SamplingParams, SpeculativeDecoder
-from specdecode.speclen import CostModel, LengthPolicy, best_length
+from specdecode.speclen import CostModel, LengthPolicy, best_length, wilson_lower
 
 # llama.cpp's CPU curve as measured on a 2-core CPU (ms): up to b = 8 a batch costs almost b steps.
 LLAMA_CPP = CostModel({1: 35, 2: 65, 3: 83, 4: 106, 8: 221, 16: 253, 32: 452})
@@ -175,3 +175,33 @@ def test_a_request_starts_from_the_prior_not_from_the_last_request():
     fresh = SpeculativeDecoder(target_model, None, 8, length_policy=LengthPolicy(LLAMA_CPP))
     assert second_request(used) == second_request(fresh)
     assert sum(second_request(fresh)) <= 4  # learnt in a step or two
+
+
+@pytest.mark.parametrize("pool_from", [1, 2, 3])
+def test_free_drafts_are_priced_at_the_lower_bound_from_the_pooled_positions(pool_from):
+    """priced(k): k values; the positions before pool_from as estimated, the pooled ones
+    at the Wilson bound of their counts, below the estimate with few observations;
+    caution 0: the estimates themselves."""
+    costs = CostModel({1: 1.0, 2: 2.0})
+    policy, point_only = (LengthPolicy(costs, pool_from=pool_from, caution=c) for c in (0.5, 0))
+    for p in (policy, point_only):
+        p.watch(0, [1, 2, 3, 4, 9])
+        p.resolve([1, 2, 3, 4, 5])  # 4 confirmed, the 5th wrong
+    for k in (0, 1, pool_from - 1, pool_from, 6):
+        point, priced = policy.acceptance(k), policy.priced(k)
+        assert len(priced) == k and point_only.priced(k) == point_only.acceptance(k)
+        assert priced[:pool_from - 1] == point[:pool_from - 1]
+        assert all(b < a - 0.05 for a, b in zip(point[pool_from - 1:], priced[pool_from - 1:]))
+        assert len(set(priced[pool_from - 1:])) <= 1  # one pooled estimate
+    with pytest.raises(ValueError):
+        LengthPolicy(costs, caution=-1.0)
+
+
+def test_wilson_lower_bound():
+    """Below the observed rate with few observations, close to it with many; z 0: the
+    rate; nothing tried: 0; never below 0 or above 1."""
+    assert wilson_lower(9.0, 10.0, 0.5) < 0.9 - 0.04 and wilson_lower(9.0, 10.0, 0.0) == 0.9
+    assert 0.9 - 0.01 < wilson_lower(900.0, 1000.0, 0.5) < 0.9
+    assert wilson_lower(0.0, 0.0, 0.5) == 0.0 and wilson_lower(0.0, 3.7, 0.5) == 0.0
+    assert 0.0 < wilson_lower(5.0, 5.0, 1.0) < 1.0
+    assert wilson_lower(2.5, 2.9, 0.5) < wilson_lower(2.5, 2.9, 0.25) < 2.5 / 2.9

@@ -1,4 +1,4 @@
-"""Replay recorded texts under variants of the free lookups' acceptance prior.
+"""Replay recorded texts under variants of the free lookups' acceptance prior and caution.
 
     python bench/llama_cpp/prior_replay.py bench/results/agent-and-lookups.json \
         --curve bench/results/llama-cpp.json --curve bench/results/agent-zen3.json
@@ -10,7 +10,9 @@ an optimistic prior verifies drafts that text without repeats rejects, and a
 short request has few steps to win that back. Each variant is replayed twice:
 `cold`, every text on a fresh controller (a process's first request, as the
 README's demo), and `warm`, the texts in the recorded order on one controller
-(estimates carried, agent_replay.py's order and suffix-store rule). Reported
+(estimates carried, agent_replay.py's order and suffix-store rule). `--caution`
+adds variants of the lower bound that prices free drafts' pooled positions
+(speclen.LengthPolicy.priced; 0: the point estimate). Reported
 per curve and variant: predicted speedup per class (all tokens over all plain
 steps) and, over the texts, the worst one and how many fall below 0.98x.
 Predictions priced by each curve, not timings.
@@ -40,12 +42,18 @@ K = DRAFTERS["auto"].k[1]
 Prior = tuple[float, float] | dict[int, tuple[float, float]] | None
 
 
-def controller_for(curve: CostModel, prior: Prior, store: SuffixStore) -> Controller:
+def controller_for(curve: CostModel, prior: Prior, store: SuffixStore,
+                   caution: float | None = None, online: bool = False) -> Controller:
     """The shipped lookups' controller (prior None), or with every kind's prior set to
     `prior` (a pair), or per kind ({kind: pair}; kind 0: the pooled estimate and any
-    kind not named; default the policy's 90 %)."""
+    kind not named; default the policy's 90 %); caution: the policies' lower-bound z
+    (speclen.LengthPolicy.priced; None: the shipped one); online: learn the curve from
+    the replay's passes, exploring unmeasured sizes (replay.py CurveClock)."""
     lookups = [NgramDrafter(max_n=NGRAM_MAX), SuffixDrafter(store, max_n=NGRAM_MAX)]
-    controller = shipped_controller(CostModel(curve.verify, 0.0), lookups)
+    controller = shipped_controller(CostModel(curve.verify, 0.0), lookups, online)
+    if caution is not None:
+        for slot in controller.slots:
+            slot.policy.caution = caution
     if prior is not None:
         by_kind = prior if isinstance(prior, dict) else {0: prior}
         for slot in controller.slots:
@@ -55,16 +63,17 @@ def controller_for(curve: CostModel, prior: Prior, store: SuffixStore) -> Contro
 
 
 def replay_texts(texts: list[Text], curve: CostModel, prior: Prior,
-                 cold: bool, vocab: int, eos: tuple[int, ...]) -> list[tuple[str, int, float]]:
+                 cold: bool, vocab: int, eos: tuple[int, ...], caution: float | None = None,
+                 online: bool = False) -> list[tuple[str, int, float]]:
     """(class, tokens, plain steps) per text, in order; cold: each text on a fresh
     controller and suffix store, else one controller throughout."""
     store = SuffixStore()
-    controller = controller_for(curve, prior, store)
+    controller = controller_for(curve, prior, store, caution, online)
     out = []
     for text in texts:
         if cold:
             store = SuffixStore()
-            controller = controller_for(curve, prior, store)
+            controller = controller_for(curve, prior, store, caution, online)
         elif text.cold:
             store.clear()
         steps = replay_cost(text.prompt, text.output, None, None, curve, K, vocab, eos,
@@ -74,16 +83,18 @@ def replay_texts(texts: list[Text], curve: CostModel, prior: Prior,
 
 
 def rows(texts: list[Text], curve_path: str, priors: list[Prior], vocab: int,
-         eos: tuple[int, ...]) -> list[str]:
-    """Markdown rows for one curve file: per mode (cold, warm) and prior, the
+         eos: tuple[int, ...], cautions: list[float | None], online: bool = False
+         ) -> list[str]:
+    """Markdown rows for one curve file: per mode (cold, warm), prior and caution, the
     predicted speedup per class, the worst text and the count below 0.98x."""
     meta = json.loads(Path(curve_path).read_text())["meta"]
     curve = CostModel({int(b): c for b, c in meta["costs"]["c"].items()})
     label = f"{Path(curve_path).stem} (c(2) {curve.c(2):.2f}, c(5) {curve.c(5):.2f})"
     lines = []
     for mode in ("cold", "warm"):
-        for prior in priors:
-            per = replay_texts(texts, curve, prior, mode == "cold", vocab, eos)
+        for prior, caution in ((p, c) for p in priors for c in cautions):
+            per = replay_texts(texts, curve, prior, mode == "cold", vocab, eos, caution,
+                               online)
             classes = list(dict.fromkeys(c for c, _, _ in per))
             rates = []
             for cls in classes:
@@ -92,7 +103,8 @@ def rows(texts: list[Text], curve_path: str, priors: list[Prior], vocab: int,
                 rates.append(f"{cls} {tokens / steps:.3f}")
             each = [n / s for _, n, s in per]
             low = sum(r < 0.98 for r in each)
-            lines.append(f"| {label} | {mode} | {_label(prior)} | "
+            z = "shipped" if caution is None else f"{caution:g}"
+            lines.append(f"| {label} | {mode} | {_label(prior)} | {z} | "
                          + "; ".join(rates) + f" | {min(each):.3f} | {low}/{len(each)} |")
             print(lines[-1], file=sys.stderr, flush=True)
     return lines
@@ -125,6 +137,12 @@ def main() -> int:
     ap.add_argument("--prior", action="append", default=None,
                     help="shipped, or accepted/tried pseudo-counts for every kind (1.8/2), or per "
                          "kind (0=1.8/2,1=0.6/2; 0: pooled and kinds not named); repeatable")
+    ap.add_argument("--caution", action="append", type=float, default=None,
+                    help="the lower bound's z for free drafts' pooled positions "
+                         "(speclen.LengthPolicy.priced; default: the shipped one); repeatable")
+    ap.add_argument("--online", action="store_true",
+                    help="controllers learn the curve from the replay's passes and explore "
+                         "unmeasured sizes, as live (default: decide on the curve alone)")
     ap.add_argument("--out", default=None, help="write the table here (markdown)")
     args = ap.parse_args()
     priors = [_parse_prior(p) for p in (args.prior or ["shipped"])]
@@ -137,9 +155,11 @@ def main() -> int:
     head = [f"`{' '.join(sys.argv)}`\n",
             f"Texts: {args.config}'s greedy answers in {', '.join(args.results)} "
             f"({len(texts)} texts, {sum(len(t.output) for t in texts)} tokens).\n",
-            "| curve | mode | prior | predicted speedup per class | worst text | texts < 0.98x |",
-            "|---|---|---|---|---|---|"]
-    lines = [line for c in args.curve for line in rows(texts, c, priors, vocab, eos)]
+            "| curve | mode | prior | caution | predicted speedup per class | worst text | "
+            "texts < 0.98x |", "|---|---|---|---|---|---|---|"]
+    cautions = args.caution or [None]
+    lines = [line for c in args.curve
+             for line in rows(texts, c, priors, vocab, eos, cautions, args.online)]
     text = "\n".join(head + lines) + "\n"
     print(text)
     if args.out:

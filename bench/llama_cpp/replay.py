@@ -33,6 +33,7 @@ import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from time import perf_counter as time_now
 
 import torch
 
@@ -49,15 +50,34 @@ from specdecode.sampling import SamplingParams
 from specdecode.speclen import CostModel, LengthPolicy
 
 
+class CurveClock:
+    """A clock that only the replayed target's passes advance, each by its price on
+    `curve` (c(b) plain steps; one plain step = one unit): an online controller
+    learns exactly the curve, and its exploration of unmeasured sizes happens as
+    it would live, without timing noise."""
+
+    def __init__(self, curve: CostModel) -> None:
+        self.curve, self.now = curve, 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, b: int) -> None:
+        self.now += self.curve.c(b)
+
+
 class RecordedLM:
     """A CausalLM that predicts a recorded text: at each position its logits are
-    one-hot on the recorded next token. Counts the size of every forward pass."""
+    one-hot on the recorded next token. Counts the size of every forward pass
+    (and advances `clock`, if given, by its price)."""
 
-    def __init__(self, sequence: list[int], vocab_size: int, eos: tuple[int, ...]) -> None:
+    def __init__(self, sequence: list[int], vocab_size: int, eos: tuple[int, ...],
+                 clock: CurveClock | None = None) -> None:
         self.sequence, self.vocab_size, self.eos_token_ids = sequence, vocab_size, eos
         self.max_seq_len = len(sequence) + 128
         self.passes: list[int] = []
         self._len = 0
+        self.clock = clock
 
     device = torch.device("cpu")
     dtype = torch.float32
@@ -80,6 +100,8 @@ class RecordedLM:
         t = int(ids.shape[0])
         n = t if last_n is None else last_n
         self.passes.append(t)
+        if self.clock is not None:
+            self.clock.advance(t)
         start, self._len = self._len, self._len + t
         logits = torch.zeros(n, self.vocab_size)  # [n, vocab_size]
         for row, pos in enumerate(range(start + t - n, start + t)):
@@ -127,13 +149,14 @@ class NgramModRule:
         pass
 
 
-def shipped_controller(curve: CostModel, lookups: Sequence[Drafter]) -> Controller:
+def shipped_controller(curve: CostModel, lookups: Sequence[Drafter], online: bool = False
+                       ) -> Controller:
     """The free-lookup side of the shipped default (llm.make_controller) with the
     `lookups` drafters (n-gram, suffix or both), deciding on the run's curve alone
-    (online=False: a replay has no clock): per-kind acceptance, exploration off,
-    estimates carried between the texts replayed in order."""
+    (online=False: exploration off) or learning it from a CurveClock (online):
+    per-kind acceptance, estimates carried between the texts replayed in order."""
     slots = make_controller(curve, lookups, None).slots
-    return Controller(slots, curve, online=False)
+    return Controller(slots, curve, online=online)
 
 
 def predicted_speedup(prompt: list[int], output: list[int], drafter, costs: CostModel | None,
@@ -150,11 +173,14 @@ def replay_cost(prompt: list[int], output: list[int], drafter, costs: CostModel 
                 curve: CostModel, k: int, vocab: int, eos: tuple[int, ...],
                 controller: Controller | None = None) -> float:
     """Plain steps (the passes priced by `curve`) that predicted_speedup's replay spends
-    emitting `output`; AssertionError if the replay does not reproduce it."""
-    target = RecordedLM(prompt + output, vocab, eos)
+    emitting `output`; AssertionError if the replay does not reproduce it. An online
+    `controller` (Controller(online=True)) learns the curve from a CurveClock."""
+    online = controller is not None and controller.costs is not None
+    clock = CurveClock(curve) if online else None
+    target = RecordedLM(prompt + output, vocab, eos, clock)
     policy = LengthPolicy(costs) if costs is not None else None
-    decoder = (SpeculativeDecoder(target, k=k, controller=controller) if controller else
-               SpeculativeDecoder(target, drafter, k, length_policy=policy))
+    decoder = (SpeculativeDecoder(target, k=k, controller=controller, clock=clock or time_now)
+               if controller else SpeculativeDecoder(target, drafter, k, length_policy=policy))
     params = SamplingParams(temperature=0.0, max_tokens=len(output), ignore_eos=True)
     result = decoder.generate(prompt, params)
     assert result.token_ids == output, "the replay must reproduce the recorded text"

@@ -9,7 +9,9 @@ The decision per step maximises expected emitted tokens per unit of cost
 - each free drafter (n-gram lookup): it proposes, the draft is cut to the
   length that pays for its verification; its acceptance is judged in
   hindsight (speclen.LengthPolicy.watch / resolve), so it costs nothing to
-  keep its estimates current;
+  keep its estimates current; its pooled positions (past the first) are
+  priced at a lower bound of their estimate (speclen.LengthPolicy.priced), so
+  a long draft needs more than a few confirmed positions;
 - each costly drafter (a draft model), unless paused: priced before paying,
   with its per-token cost and the catch-up of tokens it has not seen (the
   draft model feeds the context it missed before its first draft token).
@@ -247,7 +249,8 @@ class Slot:
         the last request's pessimistic estimates (carry_over)."""
         p = self.policy
         prior = self.kind_priors.get(kind, p.prior)
-        policy = LengthPolicy(p.costs, prior, p.decay, p.pool_from, carry_over=kind > 0)
+        policy = LengthPolicy(p.costs, prior, p.decay, p.pool_from, carry_over=kind > 0,
+                              caution=p.caution)
         if kind in self.carried:
             policy.begin(self.carried[kind])
         return policy
@@ -416,12 +419,13 @@ class Controller:
 
     def _price_free(self, policy: LengthPolicy, draft: Draft, costs: CostModel,
                     context_len: int) -> tuple[int, float]:
-        """(length, rate) to verify of a free draft. Where a longer cut would reach a
+        """(length, rate) to verify of a free draft, priced with the policy's cautious
+        estimates (speclen.LengthPolicy.priced). Where a longer cut would reach a
         batch-size bucket not yet observed at this context and is predicted to keep
         EXPLORE_WITHIN of the best rate, that longer cut is taken, so the costs of
         long batches are measured instead of believed (the start-up curve can
         overprice them, and a size never verified would never be corrected)."""
-        acceptance = policy.acceptance(len(draft))
+        acceptance = policy.priced(len(draft))
         length, rate = best_length(costs, acceptance, len(draft), drafted=True)
         longer = min(len(draft), 2 * length + 1)
         if self.costs is None or not length or longer <= length or self.costs.observed(

@@ -16,20 +16,23 @@ short drafts rarely pay and long ones only at high acceptance.
 The a_j are running estimates: (accepted, tried) counts, decayed by `decay`
 at each step that observes their position, starting from a prior; a step
 without a draft relaxes them towards the prior. Positions from `pool_from` on
-share one estimate. Where drafting is free
-(n-gram lookup) every proposal is judged in hindsight, position by position as
-the generated text reaches it (`watch` / `resolve`): a draft cut to 0
-tokens still teaches the policy whether it would have been accepted, so a
-good stretch after a bad one is found without paying for a verification. (A
-point-mass draft token x is accepted with probability p(x), the same as the
-chance that the sampled token is x: hindsight agreement has the acceptance's
-expectation when sampling too.) Drafts that cost (a draft model) are judged by
-their verification only. Truncating a draft never changes what is
+share one estimate. Where drafting is free (n-gram lookup) every proposal is
+judged in hindsight, position by position as the generated text reaches it
+(`watch` / `resolve`): a draft cut to 0 tokens still teaches the policy
+whether it would have been accepted, so a good stretch after a bad one is
+found without paying for a verification. (A point-mass draft token x is
+accepted with probability p(x), the same as the chance that the sampled token
+is x: hindsight agreement has the acceptance's expectation when sampling
+too.) A free draft's pooled positions are priced at a lower confidence bound
+of their estimate (`LengthPolicy.priced`): a few confirmed positions are
+little evidence for a long draft. Drafts that cost (a draft model) are judged
+by their verification only. Truncating a draft never changes what is
 emitted, only how much of it one step can accept: the policy is lossless.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -127,6 +130,18 @@ def rate_at(costs: CostModel, acceptance: list[float], length: int, *,
     return expected / (costs.c(length + 1) + length * per_draft + overhead)
 
 
+def wilson_lower(accepted: float, tried: float, z: float) -> float:
+    """The Wilson score interval's lower end for a rate seen as `accepted` of `tried`
+    (decayed counts: fractions are fine), z standard deviations below; 0 when
+    nothing was tried. It tends to accepted / tried as the counts grow."""
+    if tried <= 0:
+        return 0.0
+    p, zz = accepted / tried, z * z
+    centre = p + zz / (2 * tried)
+    margin = z * math.sqrt(max(p * (1 - p), 0.0) / tried + zz / (4 * tried * tried))
+    return max(0.0, (centre - margin) / (1 + zz / tried))
+
+
 @dataclass
 class LengthPolicy:
     """Chooses each step's draft length from the cost model and the acceptance it sees.
@@ -141,6 +156,13 @@ class LengthPolicy:
         judged after a few steps, not after 64 observations of position 64.
     carry_over: a new request starts from the last request's estimates where they
         are below the prior's, at the prior's weak strength (`begin`).
+    caution: z of the lower bound that prices a free draft's pooled positions
+        (`priced`; 0: the estimate itself; >= 0). 0.5 was chosen by replaying 38
+        recorded answers on four measured cost curves
+        (bench/llama_cpp/prior_replay.py --caution, bench/results/caution-replay.md):
+        on the steepest (c(2) 2.25) no answer below 0.98x plain instead of 3
+        (worst 1.00x vs 0.91x); the price is up to -3 % on HumanEval and -7 % on
+        long copies (random-text prompts), where long drafts wait for evidence.
     """
 
     costs: CostModel
@@ -148,6 +170,7 @@ class LengthPolicy:
     decay: float = 0.95
     pool_from: int = 2
     carry_over: bool = False
+    caution: float = 0.5
     _accepted: list[float] = field(default_factory=list)
     _tried: list[float] = field(default_factory=list)
     _watched: list[list] = field(default_factory=list)  # [start, tokens, judged]
@@ -155,6 +178,8 @@ class LengthPolicy:
     def __post_init__(self) -> None:
         if self.pool_from < 1:
             raise ValueError("pool_from must be >= 1")
+        if self.caution < 0:
+            raise ValueError("caution must be >= 0")
         self.begin()
 
     def begin(self, last: list[float] | None = None) -> None:
@@ -181,6 +206,20 @@ class LengthPolicy:
         """Current a_1..a_k estimates."""
         rates = [a / t for a, t in zip(self._accepted, self._tried, strict=True)]
         return [rates[min(j, self.pool_from - 1)] for j in range(k)]
+
+    def priced(self, k: int) -> list[float]:
+        """a_1..a_k to price a free draft with: `acceptance`, except that the pooled
+        positions (pool_from on) take the Wilson lower bound (z = caution) of their
+        counts, never above the estimate itself. A few confirmed positions (one
+        lookup match continuing for 3-4 tokens) raise the pooled estimate to ~95 %
+        with a weight of ~4 observations, which on a steep curve (c(21) ~10.5 plain
+        steps) prices a 20-token draft above plain; the bound asks for ~8."""
+        rates = self.acceptance(k)
+        if self.caution <= 0 or k < self.pool_from:
+            return rates
+        pooled = self.pool_from - 1
+        low = wilson_lower(self._accepted[pooled], self._tried[pooled], self.caution)
+        return rates[:pooled] + [min(low, rates[pooled])] * (k - pooled)
 
     def length(self, k: int, *, drafted: bool = False) -> int:
         """Draft length for this step, at most k. drafted: the drafter already
