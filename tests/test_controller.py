@@ -409,10 +409,12 @@ def test_a_long_free_draft_needs_more_than_a_few_confirmed_positions_on_a_steep_
     per position. One match confirmed for 3 tokens raises the pooled estimate to
     0.95 with the weight of ~4 observations; at that point estimate (caution 0, the
     negative control) all 20 are verified (replayed chat answers lost 6-9 % on one
-    such draft). Priced at the lower bound (the default caution) none are; after 12
-    confirmed tokens all 20 are, either way."""
+    such draft). Priced at the lower bound (the default caution) none are until 7
+    tokens of the match were confirmed; from then on all 20 are."""
     assert _verified_after_hindsight(3, LengthPolicy(STEEP, caution=0.0)) == 20
     assert _verified_after_hindsight(3, LengthPolicy(STEEP)) == 0
+    assert _verified_after_hindsight(6, LengthPolicy(STEEP)) == 0
+    assert _verified_after_hindsight(7, LengthPolicy(STEEP)) == 20
     assert _verified_after_hindsight(12, LengthPolicy(STEEP)) == 20
 
 

@@ -155,4 +155,3 @@ def test_an_online_replay_learns_the_curve_it_is_priced_by(ar):
                                controller)
     assert 200 / steps > 1.5  # the restated text is drafted
     assert controller.costs.plain_seconds(len(source) + 200) == pytest.approx(1.0)
-    assert controller.costs.model(len(source) + 200).c(2) == pytest.approx(STEEP.c(2))

@@ -204,4 +204,5 @@ def test_wilson_lower_bound():
     assert 0.9 - 0.01 < wilson_lower(900.0, 1000.0, 0.5) < 0.9
     assert wilson_lower(0.0, 0.0, 0.5) == 0.0 and wilson_lower(0.0, 3.7, 0.5) == 0.0
     assert 0.0 < wilson_lower(5.0, 5.0, 1.0) < 1.0
+    assert wilson_lower(9.0, 10.0, 1.96) == pytest.approx(0.5958, abs=1e-4)  # the 95 % interval
     assert wilson_lower(2.5, 2.9, 0.5) < wilson_lower(2.5, 2.9, 0.25) < 2.5 / 2.9

@@ -12,7 +12,10 @@ short request has few steps to win that back. Each variant is replayed twice:
 README's demo), and `warm`, the texts in the recorded order on one controller
 (estimates carried, agent_replay.py's order and suffix-store rule). `--caution`
 adds variants of the lower bound that prices free drafts' pooled positions
-(speclen.LengthPolicy.priced; 0: the point estimate). Reported
+(speclen.LengthPolicy.priced; 0: the point estimate). `--online`: the
+controllers learn the curve from the replayed passes (replay.py CurveClock) and
+explore sizes not yet measured, as live (warm: learnt costs carry over too);
+without it they decide on the curve alone. Reported
 per curve and variant: predicted speedup per class (all tokens over all plain
 steps) and, over the texts, the worst one and how many fall below 0.98x.
 Predictions priced by each curve, not timings.
@@ -29,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from agent_replay import NGRAM_MAX, Text, recorded_texts  # noqa: E402
 from replay import replay_cost, shipped_controller  # noqa: E402
 
+from specdecode import argtypes  # noqa: E402
 from specdecode.controller import Controller  # noqa: E402
 from specdecode.drafters import NgramDrafter  # noqa: E402
 from specdecode.drafters.suffix import SuffixDrafter, SuffixStore  # noqa: E402
@@ -66,7 +70,8 @@ def replay_texts(texts: list[Text], curve: CostModel, prior: Prior,
                  cold: bool, vocab: int, eos: tuple[int, ...], caution: float | None = None,
                  online: bool = False) -> list[tuple[str, int, float]]:
     """(class, tokens, plain steps) per text, in order; cold: each text on a fresh
-    controller and suffix store, else one controller throughout."""
+    controller and suffix store, else one controller throughout; caution and online
+    as controller_for's."""
     store = SuffixStore()
     controller = controller_for(curve, prior, store, caution, online)
     out = []
@@ -137,7 +142,8 @@ def main() -> int:
     ap.add_argument("--prior", action="append", default=None,
                     help="shipped, or accepted/tried pseudo-counts for every kind (1.8/2), or per "
                          "kind (0=1.8/2,1=0.6/2; 0: pooled and kinds not named); repeatable")
-    ap.add_argument("--caution", action="append", type=float, default=None,
+    ap.add_argument("--caution", action="append", type=argtypes.non_negative_float,
+                    default=None,
                     help="the lower bound's z for free drafts' pooled positions "
                          "(speclen.LengthPolicy.priced; default: the shipped one); repeatable")
     ap.add_argument("--online", action="store_true",
@@ -155,6 +161,13 @@ def main() -> int:
     head = [f"`{' '.join(sys.argv)}`\n",
             f"Texts: {args.config}'s greedy answers in {', '.join(args.results)} "
             f"({len(texts)} texts, {sum(len(t.output) for t in texts)} tokens).\n",
+            "Prior `shipped`: drafters/base.py MATCH_PRIORS. Caution: z of the Wilson lower "
+            "bound that prices a free draft's pooled positions (speclen.LengthPolicy.priced; "
+            "0: the point estimate; `shipped`: LengthPolicy's default). "
+            + ("`--online`: each controller learns the curve from the replay's passes "
+               "(replay.py CurveClock) and explores sizes not yet measured, as live. "
+               if args.online else "Controllers decide on the curve alone. ")
+            + "Predictions priced by each curve, not timings (the machine does not enter).\n",
             "| curve | mode | prior | caution | predicted speedup per class | worst text | "
             "texts < 0.98x |", "|---|---|---|---|---|---|---|"]
     cautions = args.caution or [None]

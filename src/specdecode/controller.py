@@ -506,11 +506,14 @@ class Controller:
             self.costs.observe_catchup(fed - 1, max(0.0, first - rest / rest_tokens))
 
     def describe(self, k: int, context_len: int = 0) -> str:
-        """One line: the options now (at their priors) and their predicted rates."""
+        """One line: the options now (at their priors; free ones priced as
+        `_price_free` prices them) and their predicted rates."""
         costs = self.cost_model(context_len)
         parts = []
         for slot in self.slots:
-            length, rate = best_length(costs, slot.policy.acceptance(k), k)
+            policy = slot.policy
+            rates = policy.acceptance(k) if slot.costly else policy.priced(k)
+            length, rate = best_length(costs, rates, k)
             parts.append(f"{slot.name}: draft length {length} of {k} "
                          f"(predicted {rate:.2f}x plain steps)")
         return "; ".join(parts)

@@ -148,7 +148,8 @@ class LengthPolicy:
 
     prior: (accepted, tried) pseudo-counts every estimate starts with: optimistic
         (0.9) and weak (2 observations), so drafts are tried early and judged fast
-        (replaying measured outputs: +5-10 % over (3, 4) on llama.cpp's curve).
+        (replaying measured outputs: +5-10 % over (3, 4) on llama.cpp's curve, with
+        point estimates; free drafts' pooled positions are priced lower, `priced`).
     decay: weight kept by old counts at each step that adds to them (recent text
         matters).
     pool_from: positions from this one on share one estimate (the chance that a
@@ -213,7 +214,9 @@ class LengthPolicy:
         counts, never above the estimate itself. A few confirmed positions (one
         lookup match continuing for 3-4 tokens) raise the pooled estimate to ~95 %
         with a weight of ~4 observations, which on a steep curve (c(21) ~10.5 plain
-        steps) prices a 20-token draft above plain; the bound asks for ~8."""
+        steps) prices a 20-token draft above plain; the bound asks for 7. The prior's
+        pseudo-counts are bounded too: a fresh pooled position (0.9 from 2) is priced
+        at 0.75."""
         rates = self.acceptance(k)
         if self.caution <= 0 or k < self.pool_from:
             return rates
