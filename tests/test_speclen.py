@@ -206,3 +206,16 @@ def test_wilson_lower_bound():
     assert 0.0 < wilson_lower(5.0, 5.0, 1.0) < 1.0
     assert wilson_lower(9.0, 10.0, 1.96) == pytest.approx(0.5958, abs=1e-4)  # the 95 % interval
     assert wilson_lower(2.5, 2.9, 0.5) < wilson_lower(2.5, 2.9, 0.25) < 2.5 / 2.9
+
+
+def test_anew_keeps_every_setting_and_starts_the_estimates_at_the_prior():
+    """LengthPolicy.anew: each public field as this policy's (or as changed), the
+    counts back to the prior (what Slot.fresh_policy builds each request from)."""
+    costs = CostModel({1: 1.0, 2: 2.0})
+    policy = LengthPolicy(costs, (1.0, 2.0), 0.9, 3, carry_over=True, caution=0.7)
+    policy.observe(3, 0)
+    fresh = policy.anew(prior=(1.5, 2.0))
+    assert (fresh.costs, fresh.decay, fresh.pool_from, fresh.carry_over, fresh.caution) == (
+        costs, 0.9, 3, True, 0.7)
+    assert fresh.prior == (1.5, 2.0) and fresh.acceptance(3) == [0.75] * 3
+    assert policy.acceptance(1)[0] < 0.5  # the original keeps its own counts

@@ -32,7 +32,6 @@ from specdecode.costs import cpu_name
 from specdecode.drafters.suffix import SuffixDrafter
 from specdecode.llm import LLM
 from specdecode.sampling import SamplingParams
-from specdecode.speclen import LengthPolicy
 
 PLAIN, SHIPPED = "plain", "shipped"
 AGAINST = {"flat-prior": "90 % for every kind", "no-caution": "caution 0 (point estimates)"}
@@ -52,8 +51,7 @@ def fresh_controller(base: Controller, per_kind: bool = True, caution: float | N
         if isinstance(slot.drafter, SuffixDrafter) and slot.drafter.store is not None:
             slot.drafter.store.clear()
         p = slot.policy
-        policy = LengthPolicy(p.costs, p.prior, p.decay, p.pool_from,
-                              caution=p.caution if caution is None else caution)
+        policy = p.anew() if caution is None else p.anew(caution=caution)
         slots.append(Slot(slot.drafter, policy, False,
                           kind_priors=dict(slot.kind_priors) if per_kind else {}))
     return Controller(slots, base.prior)

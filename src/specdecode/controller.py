@@ -249,8 +249,7 @@ class Slot:
         the last request's pessimistic estimates (carry_over)."""
         p = self.policy
         prior = self.kind_priors.get(kind, p.prior)
-        policy = LengthPolicy(p.costs, prior, p.decay, p.pool_from, carry_over=kind > 0,
-                              caution=p.caution)
+        policy = p.anew(prior=prior, carry_over=kind > 0)
         if kind in self.carried:
             policy.begin(self.carried[kind])
         return policy

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
@@ -202,6 +202,14 @@ class LengthPolicy:
         self._accepted = [m * weight for m in means]
         self._tried = [weight] * self.pool_from
         self._watched = []
+
+    def anew(self, **changes: object) -> LengthPolicy:
+        """A new policy with this one's settings (every public field) but `changes`,
+        its estimates at their prior: what a request or a fresh controller starts
+        from, so a setting added here is carried without naming it."""
+        settings = {f.name: getattr(self, f.name) for f in fields(self)
+                    if not f.name.startswith("_")}
+        return LengthPolicy(**{**settings, **changes})
 
     def acceptance(self, k: int) -> list[float]:
         """Current a_1..a_k estimates."""
